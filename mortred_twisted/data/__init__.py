@@ -1,0 +1,1 @@
+"""Datasets generated or shipped with packages (training and evaluation only)."""

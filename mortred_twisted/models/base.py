@@ -1,0 +1,158 @@
+"""The model interface every served model implements.
+
+Contract (shared by the sync ``/infer`` path and the async ``/jobs`` path):
+
+* A model *family* module exposes ``create(options, root) -> Model`` (see
+  :mod:`mortred_twisted.models.registry`). ``create`` is called once per worker
+  (``worker_nums`` times) from a loader thread, never on the reactor thread; it may
+  share immutable weights between its instances. Loading problems raise
+  :class:`ModelLoadError` with a message an operator can act on (missing file,
+  checksum mismatch, architecture mismatch): the server then stays *not ready*.
+* :meth:`Model.validate` runs on the reactor thread, before admission: it must be
+  cheap (no torch work) and raise :class:`InvalidRequest` naming the offending field.
+  It returns the request with ``params`` normalised (defaults filled in).
+* :meth:`Model.run` runs on a worker thread of the server's model thread pool, one call
+  at a time per instance. It reports progress through ``ctx.progress(step, total)`` and
+  calls ``ctx.check_cancelled()`` between steps (raises :class:`RunCancelled`). Bad
+  pixels raise :class:`InputDecodeError` (HTTP 400, code 3). The return value is the
+  envelope's ``data``: JSON-serialisable plain Python.
+* :meth:`Model.run_batch` may be overridden to serve several requests in one forward
+  pass (dynamic batching); each item succeeds or fails alone.
+
+This module imports no torch, no Twisted.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mortred_twisted.models.params import ParamSpec, validate_params
+
+
+class ModelError(Exception):
+    """Base class of errors a model raises on purpose."""
+
+
+class InvalidRequest(ModelError):
+    """The envelope parsed but is not valid for this model (HTTP 422, code 52)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+class InputDecodeError(ModelError):
+    """An input image is empty or cannot be decoded (HTTP 400, code 3)."""
+
+
+class ModelLoadError(ModelError):
+    """Weights or configuration cannot be loaded; the server stays not ready."""
+
+
+class RunCancelled(ModelError):
+    """The run noticed its cancellation flag between two steps and stopped."""
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """One parsed request envelope.
+
+    ``images`` hold the raw bytes decoded from base64 (not yet decoded as pictures:
+    that is the model's business, on its worker thread). ``params`` is the
+    per-model parameter mapping, normalised by :meth:`Model.validate`.
+    """
+
+    req_id: str
+    images: tuple[bytes, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_params(self, params: Mapping[str, Any]) -> InferenceRequest:
+        return replace(self, params=dict(params))
+
+
+class RunContext:
+    """Progress and cancellation channel between a running model and the server.
+
+    Thread contract: created by the server, passed to :meth:`Model.run` on a worker
+    thread; ``progress`` and ``check_cancelled`` are called from that thread, while
+    ``cancel`` and ``last_progress`` may be called from any thread.
+    """
+
+    def __init__(
+        self, on_progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        self._on_progress = on_progress
+        self._cancelled = threading.Event()
+        self._progress: tuple[int, int] | None = None
+
+    def progress(self, step: int, total: int) -> None:
+        """Report that ``step`` of ``total`` steps are done."""
+        self._progress = (step, total)
+        if self._on_progress is not None:
+            self._on_progress(step, total)
+
+    @property
+    def last_progress(self) -> tuple[int, int] | None:
+        return self._progress
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`RunCancelled` if :meth:`cancel` was called."""
+        if self._cancelled.is_set():
+            raise RunCancelled("run cancelled")
+
+
+class Model(abc.ABC):
+    """A loaded model instance owned by one worker."""
+
+    #: The parameters this model accepts in ``params``; unknown keys are rejected.
+    params_schema: Sequence[ParamSpec] = ()
+    #: Whether the model reads ``images`` (generative models only need a valid
+    #: envelope; their pixels are ignored).
+    uses_images: bool = True
+
+    def validate(self, request: InferenceRequest) -> InferenceRequest:
+        """Check ``request`` cheaply and return it with normalised params.
+
+        Runs on the reactor thread before admission. Raises :class:`InvalidRequest`.
+        """
+        if self.uses_images and not request.images:
+            raise InvalidRequest("images", "at least one image is required")
+        return request.with_params(validate_params(self.params_schema, request.params))
+
+    @abc.abstractmethod
+    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        """Run inference for one request; return JSON-serialisable ``data``."""
+
+    def run_batch(
+        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        """Run several requests; each entry is a result or the exception it raised.
+
+        The default loops over :meth:`run`. Models with a real batched forward pass
+        override it; a failing item must not fail its batch mates.
+        """
+        out: list[Any | BaseException] = []
+        for request, ctx in zip(requests, ctxs, strict=True):
+            try:
+                out.append(self.run(request, ctx))
+            except Exception as exc:  # noqa: BLE001 - isolation is the contract
+                out.append(exc)
+        return out
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called once at shutdown from a non-reactor thread."""
+
+
+ModelFactory = Callable[[Mapping[str, Any], Any], Model]

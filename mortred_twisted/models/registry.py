@@ -1,0 +1,51 @@
+"""Model families by name, imported lazily.
+
+The server TOML's ``[model] type`` picks an entry here. Entries are ``module:attr``
+strings so that importing the registry (and scanning twistd plugins) never imports
+torch; the module is imported only when a server actually builds that model.
+The attribute is a factory ``create(options: Mapping[str, Any], root: Path) -> Model``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mortred_twisted.models.base import Model, ModelLoadError
+
+MODEL_FACTORIES: Mapping[str, str] = {
+    "fake": "mortred_twisted.models.fake:create",
+    "DDPM": "mortred_twisted.models.diffusion.ddpm:create",
+    "DDIM": "mortred_twisted.models.diffusion.ddim:create",
+    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:create",
+    "LDM": "mortred_twisted.models.diffusion.ldm:create",
+    "MOBILENETV2": "mortred_twisted.models.classification.mobilenetv2:create",
+    "YOLOV8": "mortred_twisted.models.detection.yolov8:create",
+    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:create",
+}
+
+
+def known_model_types() -> list[str]:
+    return sorted(MODEL_FACTORIES)
+
+
+def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Model:
+    """Import the family of ``model_type`` and build one instance.
+
+    Raises :class:`ModelLoadError` for an unknown type or a family that cannot be
+    imported; the family's own loading errors propagate unchanged.
+    """
+    target = MODEL_FACTORIES.get(model_type)
+    if target is None:
+        raise ModelLoadError(
+            f"unknown model type {model_type!r}; known: {', '.join(known_model_types())}"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"cannot import model family {module_name}: {exc}") from exc
+    factory = getattr(module, attr)
+    return factory(options, root)

@@ -1,0 +1,50 @@
+"""Packaging for mortred-twisted.
+
+The twistd plugins live in the top-level ``twisted_plugins/`` folder of the source
+tree and are installed as ``twisted.plugins`` (Twisted discovers plugins only in
+``twisted/plugins/`` folders on ``sys.path``). This works for a regular
+(non-editable) install, which is what the Makefile does.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="mortred-twisted",
+    version="0.1.0",
+    description="AI model server on the Twisted reactor with an exact async job API",
+    python_requires=">=3.11",
+    packages=find_packages(include=["mortred_twisted", "mortred_twisted.*"])
+    + ["twisted.plugins"],
+    package_dir={"twisted.plugins": "twisted_plugins"},
+    package_data={
+        "mortred_twisted": ["ui/static/*", "ui/static/**/*"],
+    },
+    include_package_data=True,
+    install_requires=[
+        "twisted>=24.7",
+        "klein>=24.8",
+        "werkzeug>=3,<4",
+        "treq>=24.9",
+        # torch is pinned so that a fresh install takes the CPU wheel on this
+        # machine's disk; a range would pull a multi-GB CUDA build from PyPI.
+        "torch==2.13.0",
+        "numpy>=1.26",
+        "pillow>=10",
+        "prometheus-client>=0.20",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-twisted>=1.14",
+            "hypothesis>=6.100",
+            "scikit-learn>=1.4",
+            "ruff>=0.6",
+        ],
+        "train": ["scikit-learn>=1.4"],
+    },
+    entry_points={
+        "console_scripts": [
+            "mortredctl=mortred_twisted.cli.mortredctl:main",
+        ],
+    },
+)
