@@ -1,0 +1,264 @@
+"""The model-server configuration: schema, TOML loading, environment overrides (pure).
+
+A server TOML has two tables::
+
+    [server]            # process, HTTP and job-ledger keys (SERVER_KEYS below)
+    [model]             # type = "<registry key>", config = "<model toml>", overrides...
+
+Every problem of a file is collected and raised together as :class:`ConfigErrors`.
+Unknown keys are errors, with "did you mean" for near misses. Paths are relative to
+the project root: the parent of the ``conf/`` folder that holds the file (or an
+explicit ``root``).
+
+Environment overrides (the supervisor sets the first three when it spawns a model):
+``MORTRED_LISTEN_HOST``, ``MORTRED_LISTEN_PORT``, ``MORTRED_AUTH_TOKEN``, and
+``MORTRED_<KEY>`` for any other server key (e.g. ``MORTRED_ASYNC_MAX_QUEUE=4``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from mortred_twisted.config.errors import ConfigErrors, did_you_mean
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """A validated model-server configuration. Times are milliseconds unless named."""
+
+    id: str
+    category: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 18100
+    server_uri: str = "/infer"
+    worker_nums: int = 1
+    max_connections: int = 1024
+    peer_resp_timeout: int = 600  # seconds
+    request_size_limit: float = 16.0  # MB
+    model_run_timeout: int = 60000
+    auth_token: str = ""
+    rate_limit_qps: float = 0.0
+    max_queue_depth: int = 64
+    max_batch_size: int = 1
+    max_batch_delay_ms: float = 0.0
+    model_threads: int = 0  # torch intra-op threads per run; 0 = auto
+    async_enabled: bool = False
+    async_timeout: int = 600000
+    async_max_queue: int = 8
+    async_job_ttl: int = 300000
+    async_max_completed: int = 100
+    model_type: str = "fake"
+    model_config: str | None = None
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+    root: str = "."
+
+    @property
+    def request_size_limit_bytes(self) -> int:
+        return int(self.request_size_limit * 1024 * 1024)
+
+
+#: server-table key -> accepted Python types, in the order the docs list them.
+SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
+    {
+        "id": (str,),
+        "category": (str,),
+        "host": (str,),
+        "port": (int,),
+        "server_uri": (str,),
+        "worker_nums": (int,),
+        "max_connections": (int,),
+        "peer_resp_timeout": (int,),
+        "request_size_limit": (int, float),
+        "model_run_timeout": (int,),
+        "auth_token": (str,),
+        "rate_limit_qps": (int, float),
+        "max_queue_depth": (int,),
+        "max_batch_size": (int,),
+        "max_batch_delay_ms": (int, float),
+        "model_threads": (int,),
+        "async_enabled": (bool,),
+        "async_timeout": (int,),
+        "async_max_queue": (int,),
+        "async_job_ttl": (int,),
+        "async_max_completed": (int,),
+    }
+)
+
+_ENV_ALIASES = {
+    "MORTRED_LISTEN_HOST": "host",
+    "MORTRED_LISTEN_PORT": "port",
+    "MORTRED_AUTH_TOKEN": "auth_token",
+}
+
+_RANGES: Mapping[str, tuple[float | None, float | None]] = {
+    "port": (1, 65535),
+    "worker_nums": (1, 256),
+    "max_connections": (1, None),
+    "peer_resp_timeout": (0, None),
+    "request_size_limit": (0.001, 4096),
+    "model_run_timeout": (0, None),
+    "rate_limit_qps": (0, None),
+    "max_queue_depth": (0, None),
+    "max_batch_size": (1, 1024),
+    "max_batch_delay_ms": (0, 10000),
+    "model_threads": (0, 256),
+    "async_timeout": (0, None),
+    # async_max_queue <= 0 is legal: it admits nothing (seed contract).
+    "async_job_ttl": (0, None),
+    "async_max_completed": (0, None),
+}
+
+
+def find_root(path: Path) -> Path:
+    """The project root for a config file: the parent of its enclosing ``conf/``."""
+    for parent in path.resolve().parents:
+        if parent.name == "conf":
+            return parent.parent
+    return path.resolve().parent
+
+
+def _parse_env_value(raw: str, types: tuple[type, ...]) -> Any:
+    if bool in types:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"not a boolean: {raw!r}")
+    if int in types:
+        try:
+            return int(raw)
+        except ValueError:
+            if float in types:
+                return float(raw)
+            raise
+    if float in types:
+        return float(raw)
+    return raw
+
+
+def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Server keys set through the environment, and problems parsing them."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    candidates = {f"MORTRED_{key.upper()}": key for key in SERVER_KEYS}
+    candidates.update(_ENV_ALIASES)
+    for var, key in candidates.items():
+        if var not in env:
+            continue
+        try:
+            values[key] = _parse_env_value(env[var], SERVER_KEYS[key])
+        except ValueError as exc:
+            problems.append(f"environment {var}: {exc}")
+    return values, problems
+
+
+def _check_value(key: str, value: Any, problems: list[str]) -> None:
+    types = SERVER_KEYS[key]
+    if isinstance(value, bool) and bool not in types:
+        problems.append(f"server.{key}: expected a number, got a boolean")
+        return
+    if not isinstance(value, types):
+        names = " or ".join(t.__name__ for t in types)
+        problems.append(f"server.{key}: expected {names}, got {type(value).__name__}")
+        return
+    lo, hi = _RANGES.get(key, (None, None))
+    if lo is not None and value < lo:
+        problems.append(f"server.{key}: must be >= {lo} (got {value})")
+    if hi is not None and value > hi:
+        problems.append(f"server.{key}: must be <= {hi} (got {value})")
+
+
+def build_server_config(
+    document: Mapping[str, Any],
+    *,
+    source: str = "<memory>",
+    root: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    read_model_file: bool = True,
+) -> ServerConfig:
+    """Validate a parsed server TOML document and return the frozen config.
+
+    Raises :class:`ConfigErrors` listing every problem.
+    """
+    problems: list[str] = []
+    root = (root or Path(".")).resolve()
+    for table in document:
+        if table not in ("server", "model"):
+            problems.append(f"unknown table [{table}]{did_you_mean(table, ['server', 'model'])}")
+    server = dict(document.get("server", {}))
+    model = dict(document.get("model", {}))
+    for key in list(server):
+        if key not in SERVER_KEYS:
+            problems.append(f"server.{key}: unknown key{did_you_mean(key, SERVER_KEYS)}")
+            del server[key]
+    env_values, env_problems = env_overrides(env if env is not None else os.environ)
+    problems.extend(env_problems)
+    server.update(env_values)
+    if "id" not in server:
+        problems.append("server.id: required (the catalog id, e.g. 'DDPM')")
+    for key, value in server.items():
+        _check_value(key, value, problems)
+    uri = server.get("server_uri", "/infer")
+    if isinstance(uri, str) and not uri.startswith("/"):
+        problems.append(f"server.server_uri: must start with '/' (got {uri!r})")
+    if isinstance(uri, str) and (uri == "/jobs" or uri.startswith("/jobs/")):
+        problems.append("server.server_uri: must not shadow the /jobs routes")
+
+    model_type = model.pop("type", None)
+    if not isinstance(model_type, str) or not model_type:
+        problems.append("model.type: required (a registry key, e.g. 'fake' or 'DDPM')")
+        model_type = "fake"
+    model_config = model.pop("config", None)
+    options: dict[str, Any] = {}
+    if model_config is not None:
+        if not isinstance(model_config, str):
+            problems.append("model.config: expected a path string")
+            model_config = None
+        elif read_model_file:
+            path = root / model_config
+            try:
+                options.update(tomllib.loads(path.read_text(encoding="utf-8")))
+            except FileNotFoundError:
+                problems.append(f"model.config: file not found: {path}")
+            except tomllib.TOMLDecodeError as exc:
+                problems.append(f"model.config: {path}: invalid TOML: {exc}")
+    options.update(model)
+
+    if problems:
+        raise ConfigErrors(source, problems)
+    known = {f.name for f in fields(ServerConfig)}
+    return ServerConfig(
+        **{k: v for k, v in server.items() if k in known},
+        model_type=model_type,
+        model_config=model_config,
+        model_options=MappingProxyType(options),
+        source=source,
+        root=str(root),
+    )
+
+
+def load_server_config(
+    path: str | Path,
+    *,
+    root: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Read and validate the server TOML at ``path``; see :func:`build_server_config`."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigErrors(str(path), ["file not found"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigErrors(str(path), [f"invalid TOML: {exc}"]) from None
+    return build_server_config(
+        document, source=str(path), root=root or find_root(path), env=env
+    )
