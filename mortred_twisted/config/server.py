@@ -259,6 +259,4 @@ def load_server_config(
         raise ConfigErrors(str(path), ["file not found"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigErrors(str(path), [f"invalid TOML: {exc}"]) from None
-    return build_server_config(
-        document, source=str(path), root=root or find_root(path), env=env
-    )
+    return build_server_config(document, source=str(path), root=root or find_root(path), env=env)

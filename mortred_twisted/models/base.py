@@ -83,9 +83,7 @@ class RunContext:
     ``cancel`` and ``last_progress`` may be called from any thread.
     """
 
-    def __init__(
-        self, on_progress: Callable[[int, int], None] | None = None
-    ) -> None:
+    def __init__(self, on_progress: Callable[[int, int], None] | None = None) -> None:
         self._on_progress = on_progress
         self._cancelled = threading.Event()
         self._progress: tuple[int, int] | None = None
@@ -147,7 +145,7 @@ class Model(abc.ABC):
         for request, ctx in zip(requests, ctxs, strict=True):
             try:
                 out.append(self.run(request, ctx))
-            except Exception as exc:  # noqa: BLE001 - isolation is the contract
+            except Exception as exc:
                 out.append(exc)
         return out
 

@@ -29,9 +29,7 @@ def decode_image(data: bytes, *, mode: str = "RGB") -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.width * img.height > MAX_PIXELS:
-                raise InputDecodeError(
-                    f"image too large: {img.width}x{img.height} pixels"
-                )
+                raise InputDecodeError(f"image too large: {img.width}x{img.height} pixels")
             return np.asarray(img.convert(mode)).copy()
     except InputDecodeError:
         raise

@@ -33,9 +33,7 @@ class ParamSpec:
 
     def json_schema(self) -> dict[str, Any]:
         """This parameter as a JSON-schema fragment (for the OpenAPI document)."""
-        type_name = {int: "integer", float: "number", bool: "boolean", str: "string"}[
-            self.kind
-        ]
+        type_name = {int: "integer", float: "number", bool: "boolean", str: "string"}[self.kind]
         schema: dict[str, Any] = {"type": type_name}
         if self.minimum is not None:
             schema["minimum"] = self.minimum

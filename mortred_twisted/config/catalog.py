@@ -1,0 +1,200 @@
+"""The model catalog: every ``conf/server/**/*.toml``, checked as a whole (pure).
+
+The supervisor and the gateway build the same catalog from the same files, so they
+agree on ids, ports and URIs without talking to each other. ``[servers.<id>]`` tables
+of ``conf/mortred.toml`` are applied on top (enabled, autostart, restart policy, port).
+
+Invariants of a :class:`Catalog`: ids, ``host:port`` pairs and ``server_uri`` values are
+unique; a clash is a startup error naming both files. Server configs are read with an
+empty environment: ``MORTRED_*`` variables of the supervisor's own environment must not
+leak into every model's entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from mortred_twisted.config.control import ControlConfig
+from mortred_twisted.config.errors import ConfigErrors, did_you_mean
+from mortred_twisted.config.server import load_server_config
+
+#: Paths the gateway serves itself; a model's legacy ``server_uri`` may not shadow them.
+RESERVED_PREFIXES = ("/v1/", "/healthz", "/metrics", "/api/", "/jobs")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One model server as the control plane sees it (effective, overrides applied)."""
+
+    id: str
+    category: str
+    host: str
+    port: int
+    server_uri: str
+    async_enabled: bool
+    request_size_limit_mb: float
+    source: str  # the server TOML, relative to the project root when possible
+    model_type: str = "fake"
+    enabled: bool = True
+    autostart: bool = True
+    restart_policy: str = "on-failure"
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the model process (loopback in every shipped file)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def to_json(self) -> dict[str, object]:
+        """The public view used by ``GET /api/v1/catalog``."""
+        return {
+            "id": self.id,
+            "category": self.category,
+            "host": self.host,
+            "port": self.port,
+            "server_uri": self.server_uri,
+            "async_enabled": self.async_enabled,
+            "model_type": self.model_type,
+            "enabled": self.enabled,
+            "autostart": self.autostart,
+            "restart_policy": self.restart_policy,
+            "config": self.source,
+        }
+
+
+class Catalog(Mapping[str, CatalogEntry]):
+    """An immutable, ordered id → entry mapping with a lookup by legacy URI."""
+
+    def __init__(self, entries: list[CatalogEntry]) -> None:
+        self._by_id = {e.id: e for e in entries}
+        self._by_uri = {e.server_uri: e for e in entries}
+
+    def __getitem__(self, key: str) -> CatalogEntry:
+        return self._by_id[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def by_uri(self, uri: str) -> CatalogEntry | None:
+        """The entry whose sync ``server_uri`` is exactly ``uri``, if any."""
+        return self._by_uri.get(uri)
+
+    def enabled(self) -> list[CatalogEntry]:
+        return [e for e in self._by_id.values() if e.enabled]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def check_unique(entries: list[CatalogEntry]) -> list[str]:
+    """Problems for duplicate ids, ports and URIs, each naming both files."""
+    problems: list[str] = []
+    seen: dict[str, dict[object, CatalogEntry]] = {"id": {}, "port": {}, "server_uri": {}}
+    for entry in entries:
+        for what, key in (
+            ("id", entry.id),
+            ("port", (entry.host, entry.port)),
+            ("server_uri", entry.server_uri),
+        ):
+            if what == "port" and entry.port == 0:
+                continue
+            first = seen[what].get(key)
+            if first is not None:
+                shown = f"{key[0]}:{key[1]}" if isinstance(key, tuple) else repr(key)
+                problems.append(
+                    f"duplicate {what} {shown}: {first.source} ({first.id}) "
+                    f"and {entry.source} ({entry.id})"
+                )
+            else:
+                seen[what][key] = entry
+    return problems
+
+
+def discover(catalog_dir: Path, root: Path) -> tuple[list[CatalogEntry], list[str]]:
+    """Load every ``*.toml`` under ``catalog_dir`` (sorted); entries and problems."""
+    entries: list[CatalogEntry] = []
+    problems: list[str] = []
+    if not catalog_dir.is_dir():
+        return [], [f"catalog directory not found: {catalog_dir}"]
+    for path in sorted(catalog_dir.rglob("*.toml")):
+        try:
+            cfg = load_server_config(path, root=root, env={})
+        except ConfigErrors as exc:
+            problems.extend(f"{_relative(path, root)}: {p}" for p in exc.problems)
+            continue
+        uri = cfg.server_uri
+        if any(uri == p.rstrip("/") or uri.startswith(p) for p in RESERVED_PREFIXES):
+            problems.append(
+                f"{_relative(path, root)}: server.server_uri {uri!r} shadows a gateway route"
+            )
+        entries.append(
+            CatalogEntry(
+                id=cfg.id,
+                category=cfg.category,
+                host=cfg.host,
+                port=cfg.port,
+                server_uri=uri,
+                async_enabled=cfg.async_enabled,
+                request_size_limit_mb=cfg.request_size_limit,
+                source=_relative(path, root),
+                model_type=cfg.model_type,
+            )
+        )
+    return entries, problems
+
+
+def apply_overrides(
+    entries: list[CatalogEntry], control: ControlConfig
+) -> tuple[list[CatalogEntry], list[str]]:
+    """Entries with ``[servers.<id>]`` and supervisor defaults applied."""
+    problems: list[str] = []
+    ids = [e.id for e in entries]
+    for server_id in control.servers:
+        if server_id not in ids:
+            problems.append(
+                f"{control.source}: [servers.{server_id}]: no such catalog id"
+                f"{did_you_mean(server_id, ids)}"
+            )
+    result: list[CatalogEntry] = []
+    sup = control.supervisor
+    for entry in entries:
+        o = control.servers.get(entry.id)
+        result.append(
+            CatalogEntry(
+                **{
+                    **entry.__dict__,
+                    "enabled": o.enabled if o else True,
+                    "autostart": (
+                        o.autostart if o and o.autostart is not None else sup.autostart_default
+                    ),
+                    "restart_policy": (
+                        o.restart_policy
+                        if o and o.restart_policy is not None
+                        else sup.restart_policy
+                    ),
+                    "port": o.port if o and o.port is not None else entry.port,
+                }
+            )
+        )
+    return result, problems
+
+
+def build_catalog(control: ControlConfig) -> Catalog:
+    """The effective catalog for ``control``; raises :class:`ConfigErrors` with all problems."""
+    root = Path(control.root)
+    entries, problems = discover(control.path(control.supervisor.catalog_dir), root)
+    entries, more = apply_overrides(entries, control)
+    problems.extend(more)
+    problems.extend(check_unique(entries))
+    if problems:
+        raise ConfigErrors("catalog", problems)
+    return Catalog(entries)

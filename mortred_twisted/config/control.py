@@ -1,0 +1,243 @@
+"""The control-plane configuration ``conf/mortred.toml``: schema and loading (pure).
+
+Three tables (contract § Supervisor)::
+
+    [supervisor]   api_host, api_port, autostart_default, start_concurrency, log_dir,
+                   log_rotate_mb, log_keep, catalog_dir, stop_grace_s, ready_timeout_s,
+                   probe_interval_ms, restart_policy
+    [gateway]      enabled, host, port, request_size_limit_mb, max_connections,
+                   upstream_send_timeout_ms, upstream_recv_timeout_ms, api_keys,
+                   max_persistent_per_host
+    [servers.<id>] enabled, autostart, restart_policy, port
+
+Every problem is collected and raised together as :class:`ConfigErrors`; unknown keys
+are errors with "did you mean". Relative paths are resolved against the project root
+(the parent of the ``conf/`` folder holding the file). Secrets never live here: tokens
+come from the environment (``MORTRED_API_TOKEN``, ``MORTRED_GATEWAY_AUTH_TOKEN``,
+``MORTRED_INTERNAL_TOKEN``, ``MORTRED_METRICS_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from mortred_twisted.config.errors import ConfigErrors, did_you_mean
+from mortred_twisted.config.server import find_root
+
+RESTART_POLICIES = ("on-failure", "always", "no")
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """``[supervisor]``: the management API and process lifecycle knobs."""
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8787
+    autostart_default: bool = True
+    start_concurrency: int = 2
+    log_dir: str = "logs"
+    log_rotate_mb: float = 10.0
+    log_keep: int = 3
+    catalog_dir: str = "conf/server"
+    stop_grace_s: float = 10.0
+    ready_timeout_s: float = 600.0
+    probe_interval_ms: int = 500
+    restart_policy: str = "on-failure"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """``[gateway]``: the public entry point. Times are milliseconds."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8080
+    request_size_limit_mb: float = 16.0
+    max_connections: int = 1024
+    upstream_send_timeout_ms: int = 30000
+    upstream_recv_timeout_ms: int = 180000
+    api_keys: str = "conf/api_keys.toml"
+    max_persistent_per_host: int = 64
+
+    @property
+    def request_size_limit_bytes(self) -> int:
+        return int(self.request_size_limit_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class ServerOverride:
+    """``[servers.<id>]``: per-server overrides of the catalog defaults.
+
+    ``None`` means "not set here": the supervisor default applies.
+    """
+
+    enabled: bool = True
+    autostart: bool | None = None
+    restart_policy: str | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The whole validated ``conf/mortred.toml``; ``root`` is the project root."""
+
+    supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    servers: Mapping[str, ServerOverride] = field(default_factory=dict)
+    root: str = "."
+    source: str = "<defaults>"
+
+    def path(self, relative: str) -> Path:
+        """``relative`` resolved against the project root (absolute paths unchanged)."""
+        return Path(self.root) / relative
+
+
+_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
+    SupervisorSettings: {
+        "api_host": (str,),
+        "api_port": (int,),
+        "autostart_default": (bool,),
+        "start_concurrency": (int,),
+        "log_dir": (str,),
+        "log_rotate_mb": (int, float),
+        "log_keep": (int,),
+        "catalog_dir": (str,),
+        "stop_grace_s": (int, float),
+        "ready_timeout_s": (int, float),
+        "probe_interval_ms": (int,),
+        "restart_policy": (str,),
+    },
+    GatewaySettings: {
+        "enabled": (bool,),
+        "host": (str,),
+        "port": (int,),
+        "request_size_limit_mb": (int, float),
+        "max_connections": (int,),
+        "upstream_send_timeout_ms": (int,),
+        "upstream_recv_timeout_ms": (int,),
+        "api_keys": (str,),
+        "max_persistent_per_host": (int,),
+    },
+    ServerOverride: {
+        "enabled": (bool,),
+        "autostart": (bool,),
+        "restart_policy": (str,),
+        "port": (int,),
+    },
+}
+
+_RANGES: dict[str, tuple[float, float | None]] = {
+    "api_port": (0, 65535),
+    "port": (0, 65535),
+    "start_concurrency": (1, 64),
+    "log_rotate_mb": (0.001, None),
+    "log_keep": (0, 100),
+    "stop_grace_s": (0, None),
+    "ready_timeout_s": (1, None),
+    "probe_interval_ms": (10, None),
+    "request_size_limit_mb": (0.001, 4096),
+    "max_connections": (1, None),
+    "upstream_send_timeout_ms": (1, None),
+    "upstream_recv_timeout_ms": (1, None),
+    "max_persistent_per_host": (1, 10000),
+}
+
+
+def _section(cls: type, table: Any, where: str, problems: list[str]) -> dict[str, Any]:
+    """Checked keyword arguments for ``cls`` from a TOML table."""
+    if not isinstance(table, Mapping):
+        problems.append(f"{where}: expected a table")
+        return {}
+    types = _TYPES[cls]
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in types:
+            problems.append(f"{where}.{key}: unknown key{did_you_mean(key, types)}")
+            continue
+        expected = types[key]
+        if isinstance(value, bool) and bool not in expected:
+            problems.append(f"{where}.{key}: expected a number, got a boolean")
+            continue
+        if not isinstance(value, expected):
+            names = " or ".join(t.__name__ for t in expected)
+            problems.append(f"{where}.{key}: expected {names}, got {type(value).__name__}")
+            continue
+        lo, hi = _RANGES.get(key, (None, None))  # type: ignore[assignment]
+        if lo is not None and value < lo:
+            problems.append(f"{where}.{key}: must be >= {lo} (got {value})")
+            continue
+        if hi is not None and value > hi:
+            problems.append(f"{where}.{key}: must be <= {hi} (got {value})")
+            continue
+        if key == "restart_policy" and value not in RESTART_POLICIES:
+            problems.append(
+                f"{where}.{key}: must be one of {', '.join(RESTART_POLICIES)} "
+                f"(got {value!r}){did_you_mean(value, RESTART_POLICIES)}"
+            )
+            continue
+        values[key] = value
+    return values
+
+
+def build_control_config(
+    document: Mapping[str, Any], *, source: str = "<memory>", root: Path | None = None
+) -> ControlConfig:
+    """Validate a parsed ``mortred.toml`` document; raises :class:`ConfigErrors`."""
+    problems: list[str] = []
+    known_tables = ("supervisor", "gateway", "servers")
+    for table in document:
+        if table not in known_tables:
+            problems.append(f"unknown table [{table}]{did_you_mean(table, known_tables)}")
+    sup = _section(SupervisorSettings, document.get("supervisor", {}), "supervisor", problems)
+    gw = _section(GatewaySettings, document.get("gateway", {}), "gateway", problems)
+    servers: dict[str, ServerOverride] = {}
+    raw_servers = document.get("servers", {})
+    if not isinstance(raw_servers, Mapping):
+        problems.append("servers: expected a table of [servers.<id>] tables")
+        raw_servers = {}
+    for server_id, table in raw_servers.items():
+        values = _section(ServerOverride, table, f"servers.{server_id}", problems)
+        servers[server_id] = ServerOverride(**values)
+    if problems:
+        raise ConfigErrors(source, problems)
+    return ControlConfig(
+        supervisor=SupervisorSettings(**sup),
+        gateway=GatewaySettings(**gw),
+        servers=MappingProxyType(servers),
+        root=str((root or Path(".")).resolve()),
+        source=source,
+    )
+
+
+def load_control_config(path: str | Path, *, root: Path | None = None) -> ControlConfig:
+    """Read and validate ``conf/mortred.toml``; see :func:`build_control_config`."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigErrors(str(path), ["file not found"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigErrors(str(path), [f"invalid TOML: {exc}"]) from None
+    return build_control_config(document, source=str(path), root=root or find_root(path))
+
+
+def with_overrides(config: ControlConfig, **sections: Mapping[str, Any]) -> ControlConfig:
+    """A copy of ``config`` with keys of ``supervisor``/``gateway`` replaced.
+
+    Used by command-line options (``--api-port``, ``--gateway-port``); values are not
+    re-validated beyond their field names.
+    """
+    changes: dict[str, Any] = {}
+    for name, values in sections.items():
+        current = getattr(config, name)
+        allowed = {f.name for f in fields(current)}
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"unknown {name} keys: {sorted(unknown)}")
+        changes[name] = replace(current, **values)
+    return replace(config, **changes)

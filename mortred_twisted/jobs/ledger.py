@@ -1,0 +1,329 @@
+"""``AsyncJobTable``: the async-job ledger (pure, thread-safe; no Twisted, no HTTP).
+
+The ledger owns identity (``job_…`` ids), admission, the state machine, retention
+(TTL then LRU) and wait/notify. It knows nothing of HTTP, the worker pool or metrics:
+every transition returns a bool and the caller does the side effects (metrics,
+waking reactor waiters). This is a port of the C++ ``async_job_table.h`` rework.
+
+Concurrency contract (the five invariants; any change must preserve all five):
+
+1. **State is readable without the lock.** ``_Job.state`` is a single attribute
+   holding an immutable enum; a read is atomic in CPython (and under free threading
+   a plain attribute load of an object reference is too). :meth:`state` and the
+   terminal checks of eviction and wait predicates read it without locking.
+2. **One lock guards payload and condition.** ``self._lock`` guards result, error,
+   timestamps and the maps, and is the lock of ``self._changed`` (the condition
+   variable). Every transition writes the payload, publishes the state and calls
+   ``notify_all`` inside one critical section, so a waiter can never evaluate its
+   predicate between the state store and the notify: no lost wakeup.
+3. **Admission is one atomic step.** The queue-full check and the increment of
+   ``queue_depth`` happen under the same lock acquisition in :meth:`submit`.
+4. **Depth is decremented exactly once per admitted job**, on the single
+   non-terminal → terminal transition; terminal states absorb, so a second
+   ``finish``/``fail``/``timeout`` returns False and changes nothing.
+5. **Fixed lock order.** There is one lock; retention (``_evict_locked``) runs with
+   it held and takes no other lock, so no deadlock is possible.
+
+Retention runs on :meth:`submit`: first TTL (``job_ttl_ms`` after ``completed_at``),
+then LRU beyond ``max_completed`` terminal jobs (least recently *used*: a poll or a
+result fetch refreshes a job). Non-terminal jobs are never evicted: they are not in
+either retention structure until they terminate.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from mortred_twisted.jobs.states import JobState, can_transition
+
+RequestT = TypeVar("RequestT")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """A consistent view of one job, taken under the lock."""
+
+    job_id: str
+    state: JobState
+    task_id: str
+    elapsed_ms: int
+    error: str | None
+    progress: tuple[int, int] | None
+    queued_ms: int | None  # time from admission to running (None while pending)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+
+@dataclass(frozen=True)
+class ResultLookup:
+    """The answer of :meth:`AsyncJobTable.take_result`.
+
+    ``found`` False → 404; ``state`` not DONE → 409; else ``result`` is the stored
+    result (repeatable until retention evicts the job) and ``task_id`` the request id.
+    """
+
+    found: bool
+    state: JobState | None = None
+    result: Any = None
+    task_id: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.state is JobState.DONE
+
+
+class _Job:
+    __slots__ = (
+        "completed_at",
+        "created_at",
+        "error",
+        "job_id",
+        "progress",
+        "request",
+        "result",
+        "started_at",
+        "state",
+        "task_id",
+    )
+
+    def __init__(self, job_id: str, task_id: str, request: Any, now: float) -> None:
+        self.job_id = job_id
+        self.task_id = task_id
+        self.request = request
+        self.state = JobState.PENDING
+        self.result: Any = None
+        self.error: str | None = None
+        self.created_at = now
+        self.started_at: float | None = None
+        self.completed_at: float | None = None
+        self.progress: tuple[int, int] | None = None
+
+
+def new_job_id() -> str:
+    """A fresh, unguessable job id: ``job_`` + 24 hex digits."""
+    return "job_" + secrets.token_hex(12)
+
+
+class AsyncJobTable(Generic[RequestT]):
+    """The ledger. All methods are safe to call from any thread.
+
+    ``max_queue`` bounds admitted non-terminal jobs (``<= 0`` admits nothing);
+    ``job_ttl_ms`` (``0`` = keep until LRU) and ``max_completed`` govern retention of
+    terminal jobs. ``clock`` returns seconds (monotonic); tests inject one.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_queue: int,
+        job_ttl_ms: int = 300_000,
+        max_completed: int = 100,
+        clock: Clock = time.monotonic,
+        id_factory: Callable[[], str] = new_job_id,
+    ) -> None:
+        self._max_queue = max_queue
+        self._ttl_s = job_ttl_ms / 1000.0
+        self._max_completed = max_completed
+        self._clock = clock
+        self._id_factory = id_factory
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._jobs: dict[str, _Job] = {}
+        # Terminal jobs only. By completion time (TTL scan stops at the first live
+        # one) and by last use (LRU eviction).
+        self._by_completion: OrderedDict[str, float] = OrderedDict()
+        self._by_use: OrderedDict[str, None] = OrderedDict()
+        self._depth = 0
+
+    # -- admission -------------------------------------------------------------------
+
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @property
+    def queue_depth(self) -> int:
+        """Admitted jobs not yet terminal (pending + running)."""
+        return self._depth
+
+    def submit(self, request: RequestT, task_id: str = "") -> str | None:
+        """Admit ``request`` as a new pending job and return its id, or None when full.
+
+        Runs retention first. Check and increment of the depth are one atomic step.
+        """
+        with self._lock:
+            self._evict_locked()
+            if self._depth >= self._max_queue:
+                return None
+            job_id = self._id_factory()
+            while job_id in self._jobs:
+                job_id = self._id_factory()
+            self._jobs[job_id] = _Job(job_id, task_id, request, self._clock())
+            self._depth += 1
+            return job_id
+
+    # -- transitions ------------------------------------------------------------------
+
+    def transition_running(self, job_id: str) -> bool:
+        """``pending -> running``; False for unknown ids and any other state."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or not can_transition(job.state, JobState.RUNNING):
+                return False
+            job.started_at = self._clock()
+            job.state = JobState.RUNNING
+            self._changed.notify_all()
+            return True
+
+    def finish(self, job_id: str, result: Any) -> bool:
+        """Non-terminal -> ``done`` with ``result``. False if unknown or refused."""
+        return self._terminate(job_id, JobState.DONE, result=result)
+
+    def fail(self, job_id: str, error: str) -> bool:
+        """Non-terminal -> ``failed`` with ``error``. False if unknown or terminal."""
+        return self._terminate(job_id, JobState.FAILED, error=error)
+
+    def timeout(self, job_id: str, error: str) -> bool:
+        """Non-terminal -> ``timeout`` with ``error``. False if unknown or terminal."""
+        return self._terminate(job_id, JobState.TIMEOUT, error=error)
+
+    def _terminate(
+        self, job_id: str, target: JobState, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or not can_transition(job.state, target):
+                return False
+            now = self._clock()
+            job.result = result
+            job.error = error
+            job.completed_at = now
+            job.request = None  # never keep the payload of a finished job
+            job.state = target  # publish after the payload is written
+            self._depth -= 1  # exactly once: terminal states absorb
+            self._by_completion[job_id] = now
+            self._by_use[job_id] = None
+            self._changed.notify_all()
+            return True
+
+    def set_progress(self, job_id: str, step: int, total: int) -> bool:
+        """Record progress of a running job (for polls). False unless running."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
+                return False
+            job.progress = (step, total)
+            return True
+
+    # -- reads ------------------------------------------------------------------------
+
+    def state(self, job_id: str) -> JobState | None:
+        """The job's state read without the lock (invariant 1); None if unknown."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.state
+
+    def snapshot(self, job_id: str) -> JobSnapshot | None:
+        """A consistent view of the job (refreshes its LRU position), or None."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            self._touch_locked(job)
+            return self._snapshot_locked(job)
+
+    def _snapshot_locked(self, job: _Job) -> JobSnapshot:
+        end = job.completed_at if job.completed_at is not None else self._clock()
+        queued = None
+        if job.started_at is not None:
+            queued = int((job.started_at - job.created_at) * 1000)
+        return JobSnapshot(
+            job_id=job.job_id,
+            state=job.state,
+            task_id=job.task_id,
+            elapsed_ms=max(0, int((end - job.created_at) * 1000)),
+            error=job.error,
+            progress=job.progress,
+            queued_ms=queued,
+        )
+
+    def take_request(self, job_id: str) -> RequestT | None:
+        """Move the request payload out, once; later calls return None.
+
+        The ``task_id`` stays, so ``/result`` still echoes the request id.
+        """
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            request, job.request = job.request, None
+            return request
+
+    def take_result(self, job_id: str) -> ResultLookup:
+        """404/409/200 semantics as a :class:`ResultLookup`; repeatable."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return ResultLookup(found=False)
+            self._touch_locked(job)
+            if job.state is not JobState.DONE:
+                return ResultLookup(found=True, state=job.state, task_id=job.task_id)
+            return ResultLookup(found=True, state=job.state, result=job.result, task_id=job.task_id)
+
+    def wait(self, job_id: str, timeout: float | None) -> JobSnapshot | None:
+        """Block the calling thread until the job is terminal or ``timeout`` seconds
+        pass; return its snapshot then (None if unknown).
+
+        For unit tests and thread users; the HTTP path never blocks a thread here.
+        """
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            self._changed.wait_for(lambda: job.state.terminal, timeout=timeout)
+            return self._snapshot_locked(job)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def job_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._jobs)
+
+    def nonterminal_ids(self) -> list[str]:
+        """Ids of pending or running jobs (used to end them at shutdown)."""
+        with self._lock:
+            return [j.job_id for j in self._jobs.values() if not j.state.terminal]
+
+    # -- retention --------------------------------------------------------------------
+
+    def _touch_locked(self, job: _Job) -> None:
+        if job.job_id in self._by_use:
+            self._by_use.move_to_end(job.job_id)
+
+    def _forget_locked(self, job_id: str) -> None:
+        del self._jobs[job_id]
+        self._by_completion.pop(job_id, None)
+        self._by_use.pop(job_id, None)
+
+    def _evict_locked(self) -> None:
+        """TTL first, then LRU beyond ``max_completed``; terminal jobs only."""
+        if self._ttl_s > 0:
+            horizon = self._clock() - self._ttl_s
+            while self._by_completion:
+                job_id, completed_at = next(iter(self._by_completion.items()))
+                if completed_at > horizon:
+                    break
+                self._forget_locked(job_id)
+        while len(self._by_use) > max(self._max_completed, 0):
+            job_id = next(iter(self._by_use))
+            self._forget_locked(job_id)
