@@ -41,7 +41,7 @@ def _split_indices() -> tuple[np.ndarray, np.ndarray]:
     for cls in range(10):
         idx = np.flatnonzero(labels == cls)
         rng.shuffle(idx)
-        n_test = int(round(len(idx) * TEST_FRACTION))
+        n_test = round(len(idx) * TEST_FRACTION)
         test.extend(idx[:n_test])
         train.extend(idx[n_test:])
     return np.sort(np.array(train)), np.sort(np.array(test))

@@ -72,9 +72,8 @@ def _coerce(spec: ParamSpec, value: Any) -> Any:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise _invalid(spec.name, "must be finite")
-    elif spec.kind is str:
-        if not isinstance(value, str):
-            raise _invalid(spec.name, "must be a string")
+    elif spec.kind is str and not isinstance(value, str):
+        raise _invalid(spec.name, "must be a string")
     if spec.minimum is not None and value < spec.minimum:
         raise _invalid(spec.name, f"must be >= {spec.minimum} (got {value})")
     if spec.maximum is not None and value > spec.maximum:
