@@ -1,0 +1,105 @@
+"""Who may call the gateway: static token, API keys, scopes, rate limits (pure).
+
+Decision order for a protected path: bearer token present? → static token
+(``MORTRED_GATEWAY_AUTH_TOKEN``) or metrics token (``/metrics`` only) → API key
+(enabled, scope) → per-key rate limit. Tokens compare in constant time; an empty
+configured token never matches (``token_matches``), so "no token" can only mean
+"open" through the explicit :attr:`AccessPolicy.open` flag, which
+:func:`check_startup` forbids on a non-loopback host (fail-closed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mortred_twisted.gateway.apikeys import KeyRing
+from mortred_twisted.gateway.ratelimit import RateLimiter
+from mortred_twisted.http.auth import bearer_token, is_loopback_host, token_matches
+
+INFERENCE = "inference"
+METRICS = "metrics"
+
+
+class InsecureStartup(Exception):
+    """No token and no API keys on a non-loopback listen host."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome: ``status`` 0 means allowed; else 401/403/429 with a message."""
+
+    status: int
+    principal: str = ""
+    message: str = ""
+    retry_after: int | None = None
+    reason: str = ""  # metrics label for failures
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 0
+
+
+def check_startup(host: str, static_token: str, keys: KeyRing) -> None:
+    """Raise :class:`InsecureStartup` when the gateway would be open off loopback."""
+    if not static_token and len(keys) == 0 and not is_loopback_host(host):
+        raise InsecureStartup(
+            f"refusing to listen on {host!r} without MORTRED_GATEWAY_AUTH_TOKEN or "
+            "API keys (conf/api_keys.toml)"
+        )
+
+
+class AccessPolicy:
+    """Authentication and rate limiting for one gateway process (reactor thread only).
+
+    ``keys`` is replaced atomically by :meth:`replace_keys` on SIGHUP; requests in
+    flight keep the decision they already got.
+    """
+
+    def __init__(
+        self,
+        *,
+        static_token: str,
+        keys: KeyRing,
+        limiter: RateLimiter,
+        metrics_token: str = "",
+    ) -> None:
+        self.static_token = static_token
+        self.metrics_token = metrics_token
+        self.keys = keys
+        self._limiter = limiter
+
+    @property
+    def open(self) -> bool:
+        """True when nothing is configured: every request is allowed (loopback only)."""
+        return not self.static_token and len(self.keys) == 0
+
+    def replace_keys(self, keys: KeyRing) -> None:
+        self.keys = keys
+        self._limiter.forget_except({k.name for k in keys.keys})
+
+    def decide(self, authorization: bytes | str | None, need: str = INFERENCE) -> Decision:
+        """Decide for a request needing scope ``need`` (``inference`` or ``metrics``)."""
+        if self.open and not (need == METRICS and self.metrics_token):
+            return Decision(0, "anonymous")
+        token = bearer_token(authorization)
+        if token is None:
+            return Decision(401, message="missing bearer token", reason="missing")
+        if token_matches(token, self.static_token):
+            return Decision(0, "static-token")
+        if need == METRICS and token_matches(token, self.metrics_token):
+            return Decision(0, "metrics-token")
+        key = self.keys.lookup(token)
+        if key is None:
+            return Decision(401, message="invalid token", reason="invalid")
+        if not key.enabled:
+            return Decision(401, message="invalid token", reason="disabled")
+        if need == METRICS and key.scope != "all":
+            return Decision(
+                403, key.name, f"key {key.name!r} has scope {key.scope!r}", reason="scope"
+            )
+        retry = self._limiter.acquire(key.name, key.rate_limit_qps)
+        if retry is not None:
+            return Decision(
+                429, key.name, f"rate limit exceeded for key {key.name!r}", retry, "rate"
+            )
+        return Decision(0, key.name)

@@ -1,0 +1,49 @@
+"""Rewriting model-port job URLs to gateway URLs (pure).
+
+A model process answers a submit with ``Location: /jobs/<id>`` and
+``poll_url``/``result_url`` under ``/jobs/<id>``; clients of the gateway must see
+``/v1/models/<model>/jobs/<id>…`` instead (seed 002, T2). Only values that point at
+the model's ``/jobs/`` tree are rewritten (relative, or absolute URLs of any host: the
+model port is never a public address); everything else passes unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+REWRITTEN_FIELDS = ("poll_url", "result_url")
+
+
+def public_job_path(value: str, model_id: str) -> str:
+    """``/jobs/<rest>`` (or ``http://h:p/jobs/<rest>``) → ``/v1/models/<id>/jobs/<rest>``."""
+    path = value
+    if "://" in value:
+        parts = urlsplit(value)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+    if path.startswith("/jobs/"):
+        return f"/v1/models/{quote(model_id, safe='')}{path}"
+    return value
+
+
+def rewrite_submit_body(body: bytes, model_id: str) -> bytes:
+    """The 202 body with ``poll_url``/``result_url`` rewritten; unchanged when the
+    body is not a JSON object or holds nothing to rewrite."""
+    try:
+        doc: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body
+    if not isinstance(doc, dict):
+        return body
+    changed = False
+    for name in REWRITTEN_FIELDS:
+        value = doc.get(name)
+        if isinstance(value, str):
+            new = public_job_path(value, model_id)
+            if new != value:
+                doc[name] = new
+                changed = True
+    if not changed:
+        return body
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

@@ -1,0 +1,213 @@
+"""The gateway's Klein edge: auth, routing, forwarding, rewriting (reactor thread).
+
+Thin by design: every decision lives in a pure module (:mod:`~mortred_twisted.gateway.
+routing`, :mod:`~.rewrite`, :mod:`~.access`) or in the upstream client; this class
+parses the request, calls them in the contract's order and renders.
+
+Order for a public route: path shape (404 when nothing matches) → method (405 + Allow)
+→ credentials (401 + WWW-Authenticate, 403 scope, 429 + Retry-After per key) → model id
+(404) → forward. The body-size limit (413) runs earlier, in the ``Site``'s request.
+Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies pass
+through unchanged, except the 202 of a submit, whose ``Location``/``poll_url``/
+``result_url`` are rewritten to ``/v1/models/<id>/jobs/...``.
+
+Klein cancels the route's Deferred when the client disconnects; the forward is that
+Deferred, so the upstream request is cancelled with it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from klein import Klein
+from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from mortred_twisted.config.catalog import Catalog
+from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
+from mortred_twisted.gateway.metrics import GatewayMetrics
+from mortred_twisted.gateway.rewrite import public_job_path, rewrite_submit_body
+from mortred_twisted.gateway.routing import (
+    Route,
+    RouteError,
+    RouteKind,
+    check_method,
+    match,
+    resolve,
+)
+from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
+from mortred_twisted.http.auth import WWW_AUTHENTICATE
+
+log = Logger()
+
+JSON = b"application/json; charset=utf-8"
+#: Request headers forwarded upstream (everything else is dropped; Authorization is
+#: replaced by the internal token).
+_FORWARD_REQUEST = (b"content-type", b"accept", b"accept-encoding", b"user-agent")
+#: Response headers never copied back (hop-by-hop or recomputed here).
+_DROP_RESPONSE = {
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"content-length",
+    b"date",
+    b"server",
+}
+
+
+class GatewayApp:
+    """One gateway's routes. Collaborators are injected; nothing here touches the
+    global reactor. Use from the reactor thread only."""
+
+    app = Klein()
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        policy: AccessPolicy,
+        upstream: UpstreamClient,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+        internal_token: str = "",
+        request_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.catalog = catalog
+        self.policy = policy
+        self.upstream = upstream
+        self.clock = clock
+        self.metrics = metrics or GatewayMetrics()
+        self.internal_token = internal_token
+        self._request_id = request_id
+
+    def resource(self) -> Any:
+        return self.app.resource()
+
+    # -- rendering ----------------------------------------------------------------
+
+    def _error(
+        self,
+        request: Any,
+        status: int,
+        message: str,
+        route: str,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"Content-Type", JSON)
+        request.setHeader(b"Cache-Control", b"no-store")
+        for name, value in (headers or {}).items():
+            request.setHeader(name.encode("ascii"), value.encode("latin-1"))
+        self.metrics.requests.labels(route, str(status)).inc()
+        return json.dumps({"error": message}).encode("utf-8")
+
+    def _denied(self, request: Any, decision: Decision, route: str) -> bytes:
+        self.metrics.auth_failures.labels(decision.reason or str(decision.status)).inc()
+        headers: dict[str, str] = {}
+        if decision.status == 401:
+            headers["WWW-Authenticate"] = WWW_AUTHENTICATE
+        if decision.retry_after is not None:
+            headers["Retry-After"] = str(decision.retry_after)
+        message = "unauthorized" if decision.status == 401 else decision.message
+        return self._error(request, decision.status, message, route, headers)
+
+    # -- routes ---------------------------------------------------------------------
+
+    @app.route("/", branch=True)
+    def dispatch(self, request: Any) -> Any:
+        """Every path: health, metrics, the T15 table and the legacy sync routes."""
+        path = request.path.decode("latin-1")
+        method = request.method.decode("ascii", "replace")
+        rid = request.getHeader(b"x-request-id") or self._request_id()
+        request.setHeader(b"X-Request-ID", rid.encode("latin-1") if isinstance(rid, str) else rid)
+        if path == "/healthz":
+            if method not in ("GET", "HEAD"):
+                return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})
+            request.setHeader(b"Content-Type", JSON)
+            self.metrics.requests.labels("healthz", "200").inc()
+            return b'{"status":"ok"}'
+        if path == "/metrics":
+            return self._metrics(request, method)
+        m = match(path, self.catalog)
+        if m is None:
+            return self._error(request, 404, f"not found: {path}", "unrouted")
+        label = m.kind.value
+        try:
+            check_method(m, method)
+        except RouteError as e:
+            return self._error(request, e.status, e.message, label, e.headers)
+        decision = self.policy.decide(request.getHeader(b"authorization"), INFERENCE)
+        if not decision.allowed:
+            return self._denied(request, decision, label)
+        query = request.uri.partition(b"?")[2].decode("latin-1")
+        try:
+            route = resolve(m, self.catalog, query)
+        except RouteError as e:
+            return self._error(request, e.status, e.message, label, e.headers)
+        return defer.Deferred.fromCoroutine(self._forward(request, route, method, rid))
+
+    def _metrics(self, request: Any, method: str) -> bytes:
+        if method not in ("GET", "HEAD"):
+            return self._error(request, 405, "method not allowed", "metrics", {"Allow": "GET"})
+        decision = self.policy.decide(request.getHeader(b"authorization"), METRICS)
+        if not decision.allowed:
+            return self._denied(request, decision, "metrics")
+        request.setHeader(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8")
+        self.metrics.requests.labels("metrics", "200").inc()
+        return self.metrics.render()
+
+    async def _forward(self, request: Any, route: Route, method: str, rid: Any) -> bytes:
+        label = route.kind.value
+        headers: dict[bytes, list[bytes]] = {}
+        for name in _FORWARD_REQUEST:
+            values = request.requestHeaders.getRawHeaders(name)
+            if values:
+                headers[name] = values
+        headers[b"x-request-id"] = [rid if isinstance(rid, bytes) else rid.encode("latin-1")]
+        if self.internal_token:
+            headers[b"authorization"] = [b"Bearer " + self.internal_token.encode("latin-1")]
+        length = 0
+        if request.content is not None:
+            request.content.seek(0, 2)
+            length = request.content.tell()
+        data = self.upstream.body_for(request.content, length)
+        started = self.clock.seconds()
+        self.metrics.inflight.inc()
+        try:
+            response = await self.upstream.request(method, route.url, headers, data)
+        except UpstreamError as e:
+            self.metrics.upstream_errors.labels(type(e).__name__).inc()
+            log.warn(
+                "upstream {model} {path}: {status} {message}",
+                model=route.entry.id,
+                path=route.upstream_path,
+                status=e.status,
+                message=e.message,
+            )
+            return self._error(request, e.status, f"{route.entry.id}: {e.message}", label)
+        except defer.CancelledError:
+            self.metrics.requests.labels(label, "499").inc()
+            raise
+        finally:
+            self.metrics.inflight.dec()
+            elapsed_ms = (self.clock.seconds() - started) * 1000.0
+            self.metrics.upstream_latency.labels(label).observe(elapsed_ms)
+        request.setResponseCode(response.code)
+        for name, values in response.headers.getAllRawHeaders():
+            if name.lower() in _DROP_RESPONSE:
+                continue
+            request.responseHeaders.setRawHeaders(name, values)
+        body = response.body
+        if route.kind is RouteKind.SUBMIT and response.code == 202:
+            location = response.headers.getRawHeaders(b"location")
+            if location:
+                new = public_job_path(location[0].decode("latin-1"), route.entry.id)
+                request.setHeader(b"Location", new.encode("latin-1"))
+            body = rewrite_submit_body(body, route.entry.id)
+        request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
+        self.metrics.requests.labels(label, str(response.code)).inc()
+        return body

@@ -1,0 +1,100 @@
+"""A scripted model process for gateway unit tests (Klein, in memory via StubTreq).
+
+Behaviour by path, mirroring the model server's contract (docs/contract.md):
+``POST /jobs`` → 202 with model-port URLs; ``GET /jobs/job_known`` → 200;
+other job ids → 404; ``GET /jobs/<id>/wait`` → a Deferred the test controls;
+``POST <server_uri>`` → 200 envelope. ``async_enabled=False`` makes ``/jobs`` 404.
+Every request is recorded (method, path, headers, body).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from klein import Klein
+from twisted.internet import defer
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeModel:
+    server_uri: str = "/mortred/fake/infer"
+    async_enabled: bool = True
+    seen: list[Seen] = field(default_factory=list)
+    waits: list[defer.Deferred[bytes]] = field(default_factory=list)
+    submit_status: int = 202
+    cancelled: list[str] = field(default_factory=list)
+
+    def resource(self) -> Any:
+        app = Klein()
+        model = self
+
+        def record(request: Any) -> None:
+            hdrs = {
+                k.decode().lower(): v[0].decode()
+                for k, v in request.requestHeaders.getAllRawHeaders()
+            }
+            model.seen.append(
+                Seen(request.method.decode(), request.uri.decode(), hdrs, request.content.read())
+            )
+
+        def js(request: Any, status: int, doc: Any) -> bytes:
+            request.setResponseCode(status)
+            request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
+            return json.dumps(doc).encode()
+
+        @app.route("/jobs", methods=["POST"])
+        def submit(request: Any) -> bytes:
+            record(request)
+            if not model.async_enabled:
+                return js(request, 404, {"error": "not found"})
+            if model.submit_status == 429:
+                request.setHeader(b"Retry-After", b"1")
+                return js(request, 429, {"error": "async queue full (max 8)"})
+            request.setHeader(b"Location", b"/jobs/job_abc")
+            return js(
+                request,
+                202,
+                {
+                    "job_id": "job_abc",
+                    "state": "pending",
+                    "poll_url": "/jobs/job_abc",
+                    "result_url": "/jobs/job_abc/result",
+                },
+            )
+
+        @app.route("/jobs/<job>", methods=["GET"])
+        def poll(request: Any, job: str) -> bytes:
+            record(request)
+            if job != "job_known":
+                return js(request, 404, {"error": f"job not found: {job}"})
+            return js(request, 200, {"job_id": job, "state": "running", "elapsed_ms": 5})
+
+        @app.route("/jobs/<job>/wait", methods=["GET"])
+        def wait(request: Any, job: str) -> defer.Deferred[bytes]:
+            record(request)
+            d: defer.Deferred[bytes] = defer.Deferred(lambda _: model.cancelled.append(job))
+            model.waits.append(d)
+            return d
+
+        @app.route("/jobs/<job>/result", methods=["GET"])
+        def result(request: Any, job: str) -> bytes:
+            record(request)
+            return js(request, 409, {"error": "job not finished (state: running)"})
+
+        @app.route(model.server_uri, methods=["POST"])
+        def infer(request: Any) -> bytes:
+            record(request)
+            request.setHeader(b"X-Request-ID", b"req-from-model")
+            return js(request, 200, {"req_id": "r", "code": 0, "msg": "success", "data": {}})
+
+        return app.resource()

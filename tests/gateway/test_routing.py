@@ -1,0 +1,95 @@
+"""The gateway's public route table (seed 002 T15) and its 404/405 answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from mortred_twisted.config.catalog import Catalog, CatalogEntry
+from mortred_twisted.gateway.routing import RouteError, RouteKind, check_method, match, resolve
+
+
+def entry(id_: str, port: int, uri: str, async_enabled: bool = True) -> CatalogEntry:
+    return CatalogEntry(id_, "fake", "127.0.0.1", port, uri, async_enabled, 16, f"{id_}.toml")
+
+
+CATALOG = Catalog(
+    [entry("DDPM", 18110, "/mortred/ddpm/infer"), entry("MOBILENETV2", 18121, "/cls", False)]
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "kind", "upstream"),
+    [
+        ("/v1/models/DDPM/infer", "", RouteKind.INFER, "/mortred/ddpm/infer"),
+        ("/v1/models/DDPM/jobs", "", RouteKind.SUBMIT, "/jobs"),
+        ("/v1/models/DDPM/jobs/job_1", "", RouteKind.POLL, "/jobs/job_1"),
+        (
+            "/v1/models/DDPM/jobs/job_1/wait",
+            "timeout=200",
+            RouteKind.WAIT,
+            "/jobs/job_1/wait?timeout=200",
+        ),
+        ("/v1/models/DDPM/jobs/job_1/result", "", RouteKind.RESULT, "/jobs/job_1/result"),
+        ("/mortred/ddpm/infer", "", RouteKind.LEGACY, "/mortred/ddpm/infer"),
+    ],
+)
+def test_t15_table(path: str, query: str, kind: RouteKind, upstream: str) -> None:
+    """Each public path maps to the model-process path of the T15 table."""
+    m = match(path, CATALOG)
+    assert m is not None and m.kind is kind
+    route = resolve(m, CATALOG, query)
+    assert route.upstream_path == upstream
+    assert route.url == "http://127.0.0.1:18110" + upstream
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/jobs",
+        "/jobs/job_1",
+        "/v1/models/",
+        "/v1/models/DDPM",
+        "/v1/models/DDPM/x",
+        "/v1/models/DDPM/jobs/job_1/other",
+        "/v1/models/DDPM/jobs//wait",
+        "/",
+    ],
+)
+def test_not_routed(path: str) -> None:
+    """Bare /jobs and malformed paths are not public routes."""
+    assert match(path, CATALOG) is None
+
+
+def test_unknown_model_is_404() -> None:
+    """An id outside the catalog is a 404 naming the id."""
+    m = match("/v1/models/NOPE/jobs", CATALOG)
+    assert m is not None
+    with pytest.raises(RouteError) as e:
+        resolve(m, CATALOG)
+    assert e.value.status == 404 and "NOPE" in e.value.message
+
+
+def test_wrong_method_is_405_with_allow() -> None:
+    """POST on a job URL (T13) is 405 with Allow: GET."""
+    m = match("/v1/models/DDPM/jobs/job_1", CATALOG)
+    assert m is not None
+    with pytest.raises(RouteError) as e:
+        check_method(m, "POST")
+    assert e.value.status == 405 and e.value.headers == {"Allow": "GET"}
+
+
+@pytest.mark.parametrize("job", ["..", "a.b", "%2e%2e", "x%2Fy"])
+def test_hostile_job_ids_never_reach_upstream(job: str) -> None:
+    """Job ids that could change the upstream path are answered 404 locally."""
+    m = match(f"/v1/models/DDPM/jobs/{job}", CATALOG)
+    assert m is not None
+    with pytest.raises(RouteError) as e:
+        resolve(m, CATALOG)
+    assert e.value.status == 404 and "job not found" in e.value.message
+
+
+def test_async_disabled_model_still_forwards_jobs() -> None:
+    """The gateway routes /jobs of a sync model; the model's own 404 passes through (T12)."""
+    m = match("/v1/models/MOBILENETV2/jobs", CATALOG)
+    assert m is not None
+    assert resolve(m, CATALOG).url == "http://127.0.0.1:18121/jobs"

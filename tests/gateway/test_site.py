@@ -1,0 +1,73 @@
+"""The gateway Site answers 413 right after the headers and caps connections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+from twisted.web.resource import Resource
+
+from mortred_twisted.gateway.site import GatewaySite
+
+
+class Recorder(Resource):
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def render(self, request: Any) -> bytes:
+        self.calls += 1
+        return b"ok"
+
+
+def connect(site: GatewaySite) -> tuple[Any, StringTransport]:
+    proto = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    return proto, transport
+
+
+def test_content_length_over_limit_is_413_before_body() -> None:
+    """A Content-Length over the limit is answered 413 with no 100 Continue; no route runs."""
+    res = Recorder()
+    site = GatewaySite(res, max_body_bytes=10)
+    proto, transport = connect(site)
+    proto.dataReceived(
+        b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n"
+    )
+    out = transport.value()
+    assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
+    assert transport.disconnecting and res.calls == 0
+
+
+def test_chunked_body_growing_past_limit_is_413() -> None:
+    """A chunked body is cut off with 413 as soon as it exceeds the limit."""
+    res = Recorder()
+    site = GatewaySite(res, max_body_bytes=10)
+    proto, transport = connect(site)
+    proto.dataReceived(
+        b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n"
+    )
+    assert transport.value().startswith(b"HTTP/1.1 413 ") and res.calls == 0
+
+
+def test_body_within_limit_reaches_route() -> None:
+    """A body at the limit is served normally."""
+    res = Recorder()
+    site = GatewaySite(res, max_body_bytes=10)
+    proto, transport = connect(site)
+    proto.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n0123456789")
+    assert b"200 OK" in transport.value() and res.calls == 1
+
+
+def test_connection_cap() -> None:
+    """Beyond max_connections new connections are refused; closing one frees a slot."""
+    site = GatewaySite(Recorder(), max_body_bytes=10, max_connections=1)
+    proto, _ = connect(site)
+    assert site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5556)) is None
+    proto.connectionLost(None)
+    assert site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5557)) is not None
