@@ -22,7 +22,12 @@ from treq.client import HTTPClient
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Cooperator
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
+from twisted.web.client import (
+    Agent,
+    FileBodyProducer,
+    HTTPConnectionPool,
+    _HTTP11ClientFactory,
+)
 from twisted.web.http_headers import Headers
 
 #: Bodies up to this size are sent as bytes (one write); larger ones are streamed
@@ -69,6 +74,12 @@ _UNAVAILABLE = (
 )
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    """No "Starting/Stopping factory" log line per upstream connection."""
+
+    noisy = False
+
+
 def make_http_client(
     reactor: Any, *, max_persistent_per_host: int = 64, connect_timeout_s: float = 30.0
 ) -> tuple[HTTPClient, HTTPConnectionPool]:
@@ -76,6 +87,7 @@ def make_http_client(
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = max_persistent_per_host
     pool.cachedConnectionTimeout = 120
+    pool._factory = _QuietFactory  # type: ignore[attr-defined]
     agent = Agent(reactor, pool=pool, connectTimeout=connect_timeout_s)
     return HTTPClient(agent), pool
 

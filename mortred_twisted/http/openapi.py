@@ -1,0 +1,222 @@
+"""The OpenAPI 3 document of one model server, built from its config and model.
+
+Kept in sync with the Klein routes by ``tests/http/test_openapi.py``, which compares
+the paths and methods here with the app's registered routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mortred_twisted import __version__
+from mortred_twisted.config.server import ServerConfig
+from mortred_twisted.models.params import ParamSpec
+
+_ERROR = {"$ref": "#/components/schemas/JobError"}
+_ENVELOPE_ERROR = {"$ref": "#/components/schemas/ErrorEnvelope"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str, Any]:
+    """The document for ``config`` whose model accepts ``params``."""
+    job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    security = [{"bearer": []}] if config.auth_token else []
+    envelope_responses = {
+        "200": _json({"$ref": "#/components/schemas/Envelope"}, "Inference result"),
+        "400": _json(_ENVELOPE_ERROR, "Body is not JSON (code 50) or an image is undecodable (3)"),
+        "401": _json(_ENVELOPE_ERROR, "Missing or wrong bearer token"),
+        "405": _json(_ENVELOPE_ERROR, "Method not allowed (code 62)"),
+        "413": _json(_ENVELOPE_ERROR, "Body over request_size_limit (code 61)"),
+        "415": _json(_ENVELOPE_ERROR, "Content type is not application/json (code 60)"),
+        "422": _json(_ENVELOPE_ERROR, "Invalid envelope or params (code 52)"),
+        "429": _json(_ENVELOPE_ERROR, "Backpressure or rate limit; see Retry-After"),
+        "503": _json(_ENVELOPE_ERROR, "Model not ready (code 65)"),
+        "504": _json(_ENVELOPE_ERROR, "model_run_timeout expired (code 4)"),
+    }
+    status_ok = _json({"$ref": "#/components/schemas/JobStatus"}, "Current job status")
+    paths: dict[str, Any] = {
+        "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}},
+        "/ready": {
+            "get": {
+                "summary": "Readiness: loaded and able to accept work",
+                "responses": {"200": {"description": "Ready"}, "503": {"description": "Not ready"}},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "text/plain exposition"}},
+            }
+        },
+        "/openapi.json": {
+            "get": {"summary": "This document", "responses": {"200": {"description": "OK"}}}
+        },
+        config.server_uri: {
+            "post": {
+                "summary": "Synchronous inference",
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Request"}}
+                    },
+                },
+                "responses": envelope_responses,
+            }
+        },
+        "/jobs": {
+            "post": {
+                "summary": "Submit an async job (202 at admission)",
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Request"}}
+                    },
+                },
+                "responses": {
+                    "202": _json({"$ref": "#/components/schemas/JobAccepted"}, "Admitted"),
+                    "404": _json(_ERROR, "Async jobs disabled on this server"),
+                    "422": _json(_ERROR, "Invalid envelope or params; nothing admitted"),
+                    "429": _json(_ERROR, "async queue full; see Retry-After"),
+                },
+            }
+        },
+        "/jobs/{job_id}": {
+            "get": {
+                "summary": "Poll a job",
+                "security": security,
+                "parameters": [job_id],
+                "responses": {"200": status_ok, "404": _json(_ERROR, "job not found")},
+            }
+        },
+        "/jobs/{job_id}/wait": {
+            "get": {
+                "summary": "Long-poll until terminal or the budget expires",
+                "security": security,
+                "parameters": [
+                    job_id,
+                    {
+                        "name": "timeout",
+                        "in": "query",
+                        "required": False,
+                        "description": "milliseconds; default 30000, capped at 300000",
+                        "schema": {"type": "integer", "minimum": 0, "default": 30000},
+                    },
+                ],
+                "responses": {
+                    "200": status_ok,
+                    "400": _json(_ERROR, "invalid timeout"),
+                    "404": _json(_ERROR, "job not found"),
+                },
+            }
+        },
+        "/jobs/{job_id}/result": {
+            "get": {
+                "summary": "Fetch the result of a done job (repeatable)",
+                "security": security,
+                "parameters": [job_id],
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/Envelope"}, "Result envelope"),
+                    "404": _json(_ERROR, "job not found"),
+                    "409": _json(_ERROR, "job not finished (state: …)"),
+                },
+            }
+        },
+    }
+    param_props = {p.name: p.json_schema() for p in params}
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": f"mortred model server: {config.id}",
+            "version": __version__,
+            "description": f"Model type {config.model_type}; async jobs "
+            + ("enabled" if config.async_enabled else "disabled (the /jobs routes answer 404)"),
+        },
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Request": {
+                    "type": "object",
+                    "properties": {
+                        "req_id": {"type": "string"},
+                        "images": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "byte"},
+                            "minItems": 1,
+                        },
+                        "img_data": {"type": "string", "format": "byte"},
+                        "params": {
+                            "type": "object",
+                            "properties": param_props,
+                            "additionalProperties": False,
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+                "Envelope": {
+                    "type": "object",
+                    "required": ["req_id", "code", "msg", "data"],
+                    "properties": {
+                        "req_id": {"type": "string"},
+                        "code": {"type": "integer"},
+                        "msg": {"type": "string"},
+                        "data": {},
+                    },
+                },
+                "ErrorEnvelope": {
+                    "type": "object",
+                    "properties": {
+                        "req_id": {"type": "string"},
+                        "code": {"type": "integer"},
+                        "msg": {"type": "string"},
+                        "data": {"nullable": True},
+                    },
+                },
+                "JobError": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {"error": {"type": "string"}, "code": {"type": "integer"}},
+                },
+                "JobAccepted": {
+                    "type": "object",
+                    "required": ["job_id", "state", "poll_url", "result_url"],
+                    "properties": {
+                        "job_id": {"type": "string", "pattern": "^job_"},
+                        "state": {"type": "string", "enum": ["pending"]},
+                        "poll_url": {"type": "string"},
+                        "result_url": {"type": "string"},
+                    },
+                },
+                "JobStatus": {
+                    "type": "object",
+                    "required": ["job_id", "state", "elapsed_ms"],
+                    "properties": {
+                        "job_id": {"type": "string"},
+                        "state": {
+                            "type": "string",
+                            "enum": ["pending", "running", "done", "failed", "timeout"],
+                        },
+                        "elapsed_ms": {"type": "integer"},
+                        "queued_ms": {"type": "integer"},
+                        "error": {"type": "string"},
+                        "req_id": {"type": "string"},
+                        "progress": {
+                            "type": "object",
+                            "properties": {
+                                "step": {"type": "integer"},
+                                "total": {"type": "integer"},
+                            },
+                        },
+                        "poll_url": {"type": "string"},
+                        "result_url": {"type": "string"},
+                    },
+                },
+            },
+        },
+    }

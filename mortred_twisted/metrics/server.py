@@ -1,0 +1,117 @@
+"""Prometheus metrics of one model-server process (its own registry, never the global).
+
+Names are kept from the C++ server so existing dashboards keep working. Rendering
+happens on the reactor thread with ``generate_latest(registry)`` (the
+``prometheus_client.twisted`` resource would run on the global thread pool and
+install the default reactor at import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+#: Buckets in milliseconds: sub-millisecond HTTP work up to multi-minute jobs.
+MS_BUCKETS = (
+    0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
+    10000, 30000, 60000, 120000, 300000, 600000,
+)  # fmt: skip
+
+JOB_STATES = ("submitted", "running", "done", "failed", "timeout")
+
+
+class ServerMetrics:
+    """The metric families of a model server, bound to one registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.async_jobs = Counter(
+            "mortred_async_jobs",
+            "Async jobs by lifecycle event (submitted, running, done, failed, timeout).",
+            ["state"],
+            registry=r,
+        )
+        for state in JOB_STATES:
+            self.async_jobs.labels(state=state)
+        self.async_rejected = Counter(
+            "mortred_async_rejected",
+            "Async submissions refused because the queue was full (429).",
+            registry=r,
+        )
+        self.async_job_duration = Histogram(
+            "mortred_async_job_duration_ms",
+            "Async job time from admission to terminal state, in ms.",
+            ["state"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.async_queue_depth = Gauge(
+            "mortred_async_queue_depth", "Admitted async jobs not yet terminal.", registry=r
+        )
+        self.http_requests = Counter(
+            "mortred_http_requests",
+            "HTTP requests by route and status code.",
+            ["route", "code"],
+            registry=r,
+        )
+        self.http_duration = Histogram(
+            "mortred_http_request_duration_ms",
+            "Time from request received to response written, in ms.",
+            ["route"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "mortred_inference_duration_ms",
+            "Model run time on a worker thread, in ms.",
+            ["path"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait_duration = Histogram(
+            "mortred_queue_wait_duration_ms",
+            "Time spent waiting for a free worker, in ms.",
+            ["path"],
+            buckets=MS_BUCKETS,
+            registry=r,
+        )
+        self.queue_rejected = Counter(
+            "mortred_queue_rejected",
+            "Sync requests refused by backpressure (max_queue_depth, 429).",
+            registry=r,
+        )
+        self.workers_available = Gauge(
+            "mortred_workers_available", "Model workers free right now.", registry=r
+        )
+        self.workers_busy = Gauge(
+            "mortred_workers_busy", "Model workers running a request or job.", registry=r
+        )
+        self.ready = Gauge("mortred_ready", "1 when the server accepts work, else 0.", registry=r)
+        self.wait_wakeups = Counter(
+            "mortred_async_wait_wakeups",
+            "Long-polls answered, by reason (terminal, budget, immediate).",
+            ["reason"],
+            registry=r,
+        )
+
+    def bind_gauges(
+        self,
+        *,
+        queue_depth: Callable[[], float],
+        workers_available: Callable[[], float],
+        workers_busy: Callable[[], float],
+        ready: Callable[[], float],
+    ) -> None:
+        """Make gauges read live values at scrape time (no bookkeeping to drift)."""
+        self.async_queue_depth.set_function(queue_depth)
+        self.workers_available.set_function(workers_available)
+        self.workers_busy.set_function(workers_busy)
+        self.ready.set_function(ready)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,57 @@
+"""The judge: a small CNN digit classifier used to score generated samples.
+
+Input ``(B, 1, 16, 16)`` float in ``[-1, 1]`` (the generators' output range); output
+logits ``(B, 10)``. Trained by ``training/diffusion/train_judge.py`` on the same
+train split as the generators and measured on the held-out split. It is a measuring
+instrument for the quality figures (and a candidate for embedded classifier weights),
+not a served model by itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+JUDGE_ARCH = {"channels": [32, 64], "hidden": 128, "num_classes": 10, "image_size": 16}
+
+
+class DigitJudge(nn.Module):
+    """conv-conv-pool x2, then a 2-layer head. Stateless at inference."""
+
+    def __init__(
+        self,
+        channels: tuple[int, int] | list[int] = (32, 64),
+        hidden: int = 128,
+        num_classes: int = 10,
+        image_size: int = 16,
+    ) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(1, c1, 3, padding=1),
+            nn.BatchNorm2d(c1),
+            nn.ReLU(),
+            nn.Conv2d(c1, c1, 3, padding=1),
+            nn.BatchNorm2d(c1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            nn.BatchNorm2d(c2),
+            nn.ReLU(),
+            nn.Conv2d(c2, c2, 3, padding=1),
+            nn.BatchNorm2d(c2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        side = image_size // 4
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Dropout(0.3),
+            nn.Linear(c2 * side * side, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))

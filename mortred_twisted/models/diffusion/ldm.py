@@ -1,0 +1,117 @@
+"""LDM: latent diffusion. A UNet denoises scaled latents of a small KL autoencoder;
+the sampled latent is divided by ``latent_scale`` and decoded to an image.
+
+Model options: ``weights`` (latent UNet), ``autoencoder`` (autoencoder weights), both
+relative to the project root; ``latent_dims``, ``downscale`` and ``latent_scale`` must
+match what the weights were trained with (they are checked against the manifest);
+``beta_schedule``/``timesteps``/``beta_start``/``beta_end``; ``sampler`` (``ddim`` or
+``ddpm``), ``sample_steps``, ``eta``, ``device``, ``max_images``.
+
+Request ``params``: ``sampler``, ``sample_steps``, ``eta`` (DDIM only), ``seed``,
+``num_images``, ``predicted_x0`` (decoded snapshots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.models.diffusion.autoencoder import AutoencoderConfig, KLAutoencoder
+from mortred_twisted.models.diffusion.ddim import ddim_params
+from mortred_twisted.models.diffusion.service import (
+    DiffusionModel,
+    OptionReader,
+    SamplingPlan,
+    check_trained_schedule,
+    common_params,
+    load_unet,
+    resolve_seed,
+    schedule_from_options,
+)
+from mortred_twisted.models.diffusion.weights import (
+    load_network,
+    pick_device,
+    resolve_path,
+)
+from mortred_twisted.models.params import ParamSpec
+
+
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """Build one LDM instance (loader thread); raises ``ModelLoadError``."""
+    reader = OptionReader(options, "LDM")
+    reader.get("weights", str)
+    ae_name = reader.get("autoencoder", str)
+    device_name = reader.get("device", str, "auto")
+    schedule = schedule_from_options(reader)
+    max_images = reader.get("max_images", int, 16, minimum=1, maximum=256)
+    sampler = reader.get("sampler", str, "ddim", choices=("ddim", "ddpm"))
+    sample_steps = reader.get("sample_steps", int, 50, minimum=1, maximum=schedule.timesteps)
+    eta = reader.get("eta", float, 0.0, minimum=0.0, maximum=1.0)
+    latent_dims = reader.get("latent_dims", int, minimum=1)
+    downscale = reader.get("downscale", int, minimum=1)
+    latent_scale = reader.get("latent_scale", float, minimum=0.0)
+    reader.finish()
+    device = pick_device(device_name)
+    net, entry = load_unet(reader, root, device, conditional=False)
+    check_trained_schedule(entry, schedule, options)
+    ae_path = resolve_path(ae_name, root, "autoencoder")
+    ae, ae_record = load_network(
+        ae_path,
+        kind="autoencoder",
+        device=device,
+        build=lambda e: KLAutoencoder(AutoencoderConfig.from_dict(dict(e["arch"]))),
+    )
+    latent = entry.get("latent", {})
+    problems = []
+    if latent.get("autoencoder_sha256") != ae_record.sha256:
+        problems.append(
+            f"the latent UNet was trained on autoencoder {latent.get('autoencoder_sha256')}, "
+            f"not on {ae_path.name} ({ae_record.sha256})"
+        )
+    for key, value in (("latent_dims", latent_dims), ("downscale", downscale)):
+        if latent.get(key) != value or ae_record.entry["arch"].get(key) != value:
+            problems.append(f"{key} = {value} but the weights use {latent.get(key)}")
+    trained_scale = float(latent.get("latent_scale", -1.0))
+    if abs(trained_scale - latent_scale) > 1e-4 * max(1.0, abs(trained_scale)):
+        problems.append(f"latent_scale = {latent_scale} but training used {trained_scale}")
+    if problems:
+        raise ModelLoadError("LDM configuration does not match its weights: " + "; ".join(problems))
+    schema = [
+        ParamSpec("sampler", str, default=sampler, choices=("ddim", "ddpm")),
+        *ddim_params(schedule.timesteps, sample_steps, eta),
+        *common_params(max_images),
+        ParamSpec("predicted_x0", bool, default=False),
+    ]
+
+    def plan(params: Mapping[str, Any]) -> SamplingPlan:
+        return SamplingPlan(
+            sampler=str(params["sampler"]),
+            steps=int(params["sample_steps"]),
+            eta=float(params["eta"]) if params["sampler"] == "ddim" else 1.0,
+            num_images=int(params["num_images"]),
+            seed=resolve_seed(params),
+            predicted_x0=bool(params["predicted_x0"]),
+        )
+
+    decoder = ae
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        return decoder.decode(z / latent_scale)  # type: ignore[operator]
+
+    size = int(entry.get("image_size", 16))
+    return DiffusionModel(
+        family="LDM",
+        eps_net=net,
+        schedule=schedule,
+        device=device,
+        params_schema=schema,
+        plan=plan,
+        sample_shape=(latent_dims, size // downscale, size // downscale),
+        image_size=size,
+        decode=decode,
+        clip_x0=None,
+    )

@@ -1,0 +1,159 @@
+"""``ModelRuntime``: one model server's runtime, wired from its config.
+
+Owns the ledger, the worker pool, the job runner, the sync path, the named
+counters and the metrics of one process, and the readiness state. Loading the
+model instances happens on the model thread pool at start; a loading error leaves
+the runtime *not ready* with the error kept for ``/ready`` and the log — never a
+half-working server with random weights.
+
+Thread contract: reactor thread, except :meth:`load_models`' body (model thread).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from mortred_twisted.config.server import ServerConfig
+from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.metrics.server import ServerMetrics
+from mortred_twisted.models.base import InferenceRequest, Model
+from mortred_twisted.models.registry import create_model
+from mortred_twisted.runtime.counters import NamedCounters
+from mortred_twisted.runtime.execution import ThreadRunner
+from mortred_twisted.runtime.inference import SyncInference
+from mortred_twisted.runtime.runner import JobRunner
+from mortred_twisted.runtime.workers import WorkerPool
+
+log = Logger()
+
+ModelBuilder = Callable[[str, Mapping[str, Any], Path], Model]
+
+
+class Readiness(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+class ModelRuntime:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        clock: IReactorTime,
+        threads: ThreadRunner,
+        metrics: ServerMetrics | None = None,
+        build_model: ModelBuilder = create_model,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.threads = threads
+        self.metrics = metrics or ServerMetrics()
+        self._build_model = build_model
+        self.counters = NamedCounters()
+        self.ledger: AsyncJobTable[InferenceRequest] = AsyncJobTable(
+            max_queue=config.async_max_queue,
+            job_ttl_ms=config.async_job_ttl,
+            max_completed=config.async_max_completed,
+        )
+        self.readiness = Readiness.LOADING
+        self.load_error: str | None = None
+        self.models: list[Model] = []
+        self.workers: WorkerPool[Model] | None = None
+        self.runner: JobRunner | None = None
+        self.sync: SyncInference | None = None
+        self.metrics.bind_gauges(
+            queue_depth=lambda: self.ledger.queue_depth,
+            workers_available=lambda: self.workers.available if self.workers else 0,
+            workers_busy=lambda: self.workers.busy if self.workers else 0,
+            ready=lambda: 1.0 if self.ready else 0.0,
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness is Readiness.READY
+
+    @property
+    def validator(self) -> Model | None:
+        """An instance whose cheap ``validate`` the HTTP edge may call (reactor)."""
+        return self.models[0] if self.models else None
+
+    def load_models(self) -> Deferred[None]:
+        """Build ``worker_nums`` instances on the model thread pool, then wire up."""
+        cfg = self.config
+
+        def build_all() -> list[Model]:
+            root = Path(cfg.root)
+            return [
+                self._build_model(cfg.model_type, cfg.model_options, root)
+                for _ in range(cfg.worker_nums)
+            ]
+
+        d = self.threads.run(build_all)
+        d.addCallbacks(self._loaded, self._load_failed)
+        return d
+
+    def _loaded(self, models: list[Model]) -> None:
+        cfg = self.config
+        self.models = models
+        self.workers = WorkerPool(models)
+        self.runner = JobRunner(
+            clock=self.clock,
+            ledger=self.ledger,
+            workers=self.workers,
+            threads=self.threads,
+            counters=self.counters,
+            metrics=self.metrics,
+            budget_ms=cfg.async_timeout,
+        )
+        self.sync = SyncInference(
+            clock=self.clock,
+            workers=self.workers,
+            threads=self.threads,
+            metrics=self.metrics,
+            run_timeout_ms=cfg.model_run_timeout,
+            max_queue_depth=cfg.max_queue_depth,
+            max_batch_size=cfg.max_batch_size,
+            max_batch_delay_ms=cfg.max_batch_delay_ms,
+        )
+        if self.readiness is Readiness.LOADING:
+            self.readiness = Readiness.READY
+            log.info("model {model} ready: {n} worker(s)", model=cfg.model_type, n=cfg.worker_nums)
+
+    def _load_failed(self, failure: Any) -> None:
+        self.readiness = Readiness.FAILED
+        self.load_error = f"{failure.type.__name__}: {failure.getErrorMessage()}"
+        log.critical(
+            "model {model} failed to load; server stays NOT READY: {error}",
+            model=self.config.model_type,
+            error=self.load_error,
+        )
+
+    def shutdown(self, grace_s: float) -> Deferred[None]:
+        """Stop admitting, drain in-flight jobs for up to ``grace_s``, close models."""
+        self.readiness = Readiness.STOPPING
+        if self.runner is None:
+            d: Deferred[None] = Deferred()
+            d.callback(None)
+            return d
+        d = self.runner.drain(grace_s)
+
+        def close(_: Any) -> None:
+            for model in self.models:
+                try:
+                    model.close()
+                except Exception:
+                    log.failure("closing a model instance failed")
+
+        d.addBoth(close)
+        return d

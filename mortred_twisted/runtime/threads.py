@@ -1,0 +1,64 @@
+"""The model thread pool, owned by a service (started and stopped with the process).
+
+Model calls run here through ``deferToThreadPool``; never on the reactor thread and
+never on the reactor's global pool (which DNS and other libraries share). The pool
+has exactly as many threads as there are workers: the worker pool bounds admission
+in front of it, so its unbounded internal queue never grows.
+
+GIL policy: a model thread running Python glue (a sampler loop between torch ops)
+holds the GIL for up to the interpreter's switch interval each time the reactor
+wants it back (5 ms by default), which is what makes an API slow while the model
+is busy. The service lowers the switch interval (``switch_interval_s``) while it
+runs; see docs/benchmarks.md for the measured effect.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+T = TypeVar("T")
+
+DEFAULT_SWITCH_INTERVAL_S = 0.0005
+
+
+class ModelThreadPool(Service):
+    """A fixed-size ``ThreadPool`` for model calls, as a Twisted service."""
+
+    def __init__(
+        self,
+        reactor: IReactorFromThreads,
+        size: int,
+        *,
+        name: str = "mortred-model",
+        switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S,
+    ) -> None:
+        self._reactor = reactor
+        self.pool = ThreadPool(minthreads=size, maxthreads=size, name=name)
+        self._switch_interval_s = switch_interval_s
+        self._saved_switch_interval: float | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        if self._switch_interval_s is not None:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self._switch_interval_s)
+        self.pool.start()
+
+    def stopService(self) -> None:
+        super().stopService()
+        self.pool.stop()
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
+        """Run ``fn(*args, **kwargs)`` on a pool thread; the Deferred fires on the reactor."""
+        return deferToThreadPool(self._reactor, self.pool, fn, *args, **kwargs)

@@ -1,0 +1,1 @@
+"""The supervisor: restart policy (pure), child processes, readiness monitor, logs."""

@@ -1,0 +1,344 @@
+"""Managed children and the supervisor that orders them (reactor thread only).
+
+:class:`ManagedServer` is one child's lifecycle::
+
+    stopped ─start─► starting ─ready probe ok─► running
+       ▲                │  ▲                        │
+       │   exit, policy │  └─── backoff (0.5 s…30 s) ◄┘ exit, policy says restart
+       │   says stop    ▼
+       └──────────── failed (crash loop, policy 'no' after a failure, never ready)
+
+Readiness is probed over HTTP (``/ready`` for models, ``/healthz`` for the gateway)
+every ``probe_interval``; a running child whose probe fails stays ``running`` with
+``ready: false``. A child not ready within ``ready_timeout`` is stopped and its exit
+goes through the restart policy. ``stop`` is SIGTERM, then SIGKILL after ``grace``.
+
+:class:`Supervisor` owns the gateway and the models: autostart with a concurrency
+limit, and shutdown in order (models first, then the gateway). Everything is
+injected (clock, spawner, prober), so tests drive it with ``task.Clock`` and fakes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import treq
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from mortred_twisted.supervisor.logs import LogBuffer
+from mortred_twisted.supervisor.policy import ExitStatus, RestartTracker
+from mortred_twisted.supervisor.process import ChildHandle, ProcessSpec, Spawner
+
+log = Logger()
+
+STATES = ("stopped", "starting", "running", "backoff", "failed")
+STATE_VALUE = {s: i for i, s in enumerate(STATES)}
+
+Prober = Callable[[str], "defer.Deferred[bool]"]
+
+
+def http_prober(http: Any, clock: IReactorTime, timeout: float = 2.0) -> Prober:
+    """A prober: GET ``url`` → True on HTTP 200 within ``timeout`` seconds."""
+
+    def probe(url: str) -> defer.Deferred[bool]:
+        d = http.get(url, timeout=timeout, reactor=clock, persistent=False)
+
+        def done(response: Any) -> defer.Deferred[bool]:
+            ok = response.code == 200
+            return treq.content(response).addCallback(lambda _: ok)
+
+        d.addCallback(done)
+        d.addErrback(lambda _: False)
+        return d
+
+    return probe
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds: probe interval, readiness deadline, SIGTERM→SIGKILL grace."""
+
+    probe_interval: float = 0.5
+    ready_timeout: float = 600.0
+    grace: float = 10.0
+
+
+class ManagedServer:
+    """One supervised child. Public methods return Deferreds; never raise on state."""
+
+    def __init__(
+        self,
+        server_id: str,
+        *,
+        kind: str,
+        spec: ProcessSpec,
+        probe_url: str,
+        tracker: RestartTracker,
+        clock: IReactorTime,
+        spawner: Spawner,
+        prober: Prober,
+        log_buffer: LogBuffer,
+        timing: Timing = Timing(),
+        category: str = "",
+    ) -> None:
+        self.id = server_id
+        self.kind = kind
+        self.category = category
+        self.spec = spec
+        self.probe_url = probe_url
+        self.tracker = tracker
+        self.clock = clock
+        self.spawner = spawner
+        self.prober = prober
+        self.logs = log_buffer
+        self.timing = timing
+        self.state = "stopped"
+        self.ready = False
+        self.restart_count = 0
+        self.spawns = 0
+        self.last_exit: ExitStatus | None = None
+        self.started_at: float | None = None
+        self.error: str | None = None
+        self._handle: ChildHandle | None = None
+        self._probe_call: IDelayedCall | None = None
+        self._restart_call: IDelayedCall | None = None
+        self._kill_call: IDelayedCall | None = None
+        self._stopping = False
+        self._ready_waiters: list[defer.Deferred[bool]] = []
+        self._stop_waiters: list[defer.Deferred[None]] = []
+
+    # -- views ----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._handle.pid if self._handle is not None else None
+
+    def status(self) -> dict[str, Any]:
+        """The ``/api/v1/status`` entry of this child."""
+        started = (
+            datetime.datetime.fromtimestamp(self.started_at, datetime.UTC).isoformat()
+            if self.started_at is not None
+            else None
+        )
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "category": self.category,
+            "state": self.state,
+            "ready": self.ready,
+            "pid": self.pid,
+            "restart_count": self.restart_count,
+            "last_exit": self.last_exit.to_json() if self.last_exit else None,
+            "started_at": started,
+            "error": self.error,
+        }
+
+    # -- operator actions -------------------------------------------------------------
+
+    def start(self) -> defer.Deferred[bool]:
+        """Start (an operator's start clears a crash loop); fires True once ready,
+        False if the child ends up stopped or failed first."""
+        waiter: defer.Deferred[bool] = defer.Deferred()
+        if self.state == "running" and self.ready:
+            waiter.callback(True)
+            return waiter
+        self._ready_waiters.append(waiter)
+        if self.state in ("starting", "running") or self._stopping:
+            return waiter
+        self.tracker.reset()
+        self.error = None
+        if self._restart_call is not None and self._restart_call.active():
+            self._restart_call.cancel()
+        self._restart_call = None
+        self._spawn()
+        return waiter
+
+    def stop(self) -> defer.Deferred[None]:
+        """SIGTERM, then SIGKILL after the grace period; fires when the child is gone."""
+        if self._restart_call is not None and self._restart_call.active():
+            self._restart_call.cancel()
+        self._restart_call = None
+        if self._handle is None:
+            if self.state in ("backoff", "failed", "starting"):
+                self._set_stopped()
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._stop_waiters.append(waiter)
+        if not self._stopping:
+            self._stopping = True
+            self.logs.note(f"stopping pid {self.pid} (SIGTERM)")
+            self._handle.signal("TERM")
+            self._kill_call = self.clock.callLater(self.timing.grace, self._kill)
+        return waiter
+
+    def restart(self) -> defer.Deferred[bool]:
+        """Stop, then start; fires like :meth:`start`."""
+        d = self.stop()
+        d.addCallback(lambda _: self.start())
+        return d
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        self._kill_call = None
+        if self._handle is not None:
+            self.logs.note(f"pid {self.pid} still alive after {self.timing.grace} s: SIGKILL")
+            self._handle.signal("KILL")
+
+    def _spawn(self) -> None:
+        self._restart_call = None
+        self.state = "starting"
+        self.ready = False
+        self.started_at = self.clock.seconds()
+        try:
+            handle = self.spawner.spawn(self.spec, self.logs)
+        except Exception as exc:  # e.g. executable missing
+            self.error = f"spawn failed: {exc}"
+            self.logs.note(self.error)
+            self._on_exit(ExitStatus(code=127), None)
+            return
+        self._handle = handle
+        if self.spawns:
+            self.restart_count += 1
+        self.spawns += 1
+        self.logs.note(f"started pid {handle.pid}: {' '.join(self.spec.argv[1:])}")
+        handle.ended.addCallback(self._on_exit, handle)
+        self._schedule_probe()
+
+    def _schedule_probe(self) -> None:
+        self._probe_call = self.clock.callLater(self.timing.probe_interval, self._probe)
+
+    def _probe(self) -> None:
+        self._probe_call = None
+        handle = self._handle
+        if handle is None or self._stopping:
+            return
+        self.prober(self.probe_url).addCallback(self._probed, handle)
+
+    def _probed(self, ok: bool, handle: ChildHandle) -> None:
+        if handle is not self._handle or self._stopping:
+            return
+        if ok and not self.ready:
+            self.ready = True
+            self.state = "running"
+            self.error = None
+            self.logs.note(f"ready ({self.probe_url})")
+            self._fire_ready(True)
+        elif not ok and self.ready:
+            self.ready = False
+            self.logs.note(f"not ready ({self.probe_url})")
+        elif not ok and self.state == "starting":
+            assert self.started_at is not None
+            if self.clock.seconds() - self.started_at > self.timing.ready_timeout:
+                self.error = f"not ready after {self.timing.ready_timeout:.0f} s"
+                self.logs.note(self.error + ": stopping it")
+                handle.signal("TERM")
+                self._kill_call = self.clock.callLater(self.timing.grace, self._kill)
+                return
+        self._schedule_probe()
+
+    def _on_exit(self, status: ExitStatus, handle: ChildHandle | None) -> None:
+        if handle is not None and handle is not self._handle:
+            return
+        self._handle = None
+        for call in (self._probe_call, self._kill_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._probe_call = self._kill_call = None
+        self.ready = False
+        self.last_exit = status
+        self.logs.note(status.describe())
+        if self._stopping:
+            self._stopping = False
+            self._set_stopped()
+            waiters, self._stop_waiters = self._stop_waiters, []
+            for w in waiters:
+                w.callback(None)
+            if self._ready_waiters:  # a start() arrived while stopping
+                self.tracker.reset()
+                self._spawn()
+            return
+        decision = self.tracker.on_exit(status, self.clock.seconds())
+        if decision.restart:
+            self.state = "backoff"
+            self.logs.note(f"restarting in {decision.delay:g} s ({decision.reason})")
+            self._restart_call = self.clock.callLater(decision.delay, self._spawn)
+            return
+        if decision.give_up or status.failed:
+            self.state = "failed"
+            self.error = self.error or decision.reason or status.describe()
+            if decision.give_up:
+                self.error = decision.reason
+        else:
+            self.state = "stopped"
+        log.warn("{id}: {state} ({reason})", id=self.id, state=self.state, reason=decision.reason)
+        self._fire_ready(False)
+
+    def _set_stopped(self) -> None:
+        self.state = "stopped"
+        self.ready = False
+        self._fire_ready(False)
+
+    def _fire_ready(self, ok: bool) -> None:
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for w in waiters:
+            w.callback(ok)
+
+
+class Supervisor:
+    """The gateway plus every catalog model; ordering and concurrency live here."""
+
+    def __init__(
+        self,
+        servers: list[ManagedServer],
+        *,
+        gateway: ManagedServer | None = None,
+        start_concurrency: int = 2,
+    ) -> None:
+        self.gateway = gateway
+        self.models = {s.id: s for s in servers}
+        self.start_concurrency = start_concurrency
+
+    def all(self) -> list[ManagedServer]:
+        return ([self.gateway] if self.gateway else []) + list(self.models.values())
+
+    def get(self, server_id: str) -> ManagedServer | None:
+        if self.gateway is not None and server_id == self.gateway.id:
+            return self.gateway
+        return self.models.get(server_id)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [s.status() for s in self.all()]
+
+    def start_all(self, autostart: list[str]) -> defer.Deferred[dict[str, bool]]:
+        """Start the gateway, then the ``autostart`` models, ``start_concurrency`` at a
+        time (each slot is held until that model is ready or has given up)."""
+        sem = defer.DeferredSemaphore(self.start_concurrency)
+        results: dict[str, bool] = {}
+        if self.gateway is not None:
+            self.gateway.start().addCallback(lambda ok: results.__setitem__("gateway", ok))
+
+        def one(server: ManagedServer) -> defer.Deferred[None]:
+            d = sem.run(server.start)
+            d.addCallback(lambda ok: results.__setitem__(server.id, ok))
+            return d
+
+        ds = [one(self.models[i]) for i in autostart if i in self.models]
+        gathered = defer.gatherResults(ds, consumeErrors=True)
+        gathered.addCallback(lambda _: results)
+        return gathered
+
+    def stop_all(self) -> defer.Deferred[None]:
+        """Stop every model (in parallel), then the gateway."""
+        ds = [s.stop() for s in self.models.values()]
+        d = defer.gatherResults(ds, consumeErrors=True)
+        if self.gateway is not None:
+            gateway = self.gateway
+            d.addBoth(lambda _: gateway.stop())
+        d.addBoth(lambda _: None)
+        return d

@@ -1,0 +1,181 @@
+"""``twistd -n mortred-gateway``: Options and makeService (entry point).
+
+Environment: ``MORTRED_GATEWAY_AUTH_TOKEN`` (inference bearer token),
+``MORTRED_INTERNAL_TOKEN`` (sent to model processes; set by the supervisor),
+``MORTRED_METRICS_TOKEN`` (optional, GET /metrics). ``SIGHUP`` reloads
+``conf/api_keys.toml`` in place: connections and requests in flight are untouched; a
+file with errors is rejected and the previous keys stay.
+
+This is the one place that falls back to the global reactor.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from twisted.application import internet, service
+from twisted.logger import Logger
+from twisted.python import usage
+
+from mortred_twisted.config.catalog import build_catalog
+from mortred_twisted.config.control import (
+    ControlConfig,
+    load_control_config,
+    with_overrides,
+)
+from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.gateway.access import AccessPolicy, check_startup
+from mortred_twisted.gateway.apikeys import load_keys
+from mortred_twisted.gateway.metrics import GatewayMetrics
+from mortred_twisted.gateway.ratelimit import RateLimiter
+from mortred_twisted.gateway.site import GatewaySite
+from mortred_twisted.gateway.upstream import UpstreamClient, make_http_client
+from mortred_twisted.http.gateway import GatewayApp
+
+log = Logger()
+
+
+class Options(usage.Options):
+    """Command line of ``twistd mortred-gateway``."""
+
+    optParameters = [
+        ["config", "c", "conf/mortred.toml", "Control-plane config (conf/mortred.toml)."],
+        ["host", None, None, "Listen host (overrides [gateway] host)."],
+        ["port", "p", None, "Listen port (overrides [gateway] port; 0 = any free)."],
+        ["api-keys", None, None, "API key file (overrides [gateway] api_keys)."],
+    ]
+    optFlags = [["access-log", None, "Log every request (costs throughput)."]]
+
+    def postOptions(self) -> None:
+        if self["port"] is not None:
+            try:
+                self["port"] = int(self["port"])
+            except ValueError:
+                raise usage.UsageError("--port must be an integer") from None
+
+
+def load_config(options: Options) -> ControlConfig:
+    """The control config with command-line overrides applied."""
+    path = Path(options["config"])
+    config = load_control_config(path) if path.exists() else ControlConfig(root=str(Path.cwd()))
+    changes: dict[str, Any] = {}
+    if options["host"] is not None:
+        changes["host"] = options["host"]
+    if options["port"] is not None:
+        changes["port"] = options["port"]
+    if options["api-keys"] is not None:
+        changes["api_keys"] = options["api-keys"]
+    return with_overrides(config, gateway=changes) if changes else config
+
+
+class GatewayService(service.MultiService):
+    """The listening port plus SIGHUP reload and pool shutdown."""
+
+    def __init__(self, app: GatewayApp, keys_path: Path, reactor: Any) -> None:
+        super().__init__()
+        self.app = app
+        self.keys_path = keys_path
+        self.reactor = reactor
+        self._previous_hup: Any = None
+
+    def reload_keys(self) -> bool:
+        """Reload the key file; keep the current keys when it has errors."""
+        try:
+            keys = load_keys(self.keys_path)
+        except ConfigErrors as exc:
+            self.app.metrics.key_reloads.labels("error").inc()
+            log.error("API key reload rejected, keeping previous keys: {exc}", exc=exc)
+            return False
+        self.app.policy.replace_keys(keys)
+        self.app.metrics.api_keys.set(len(keys))
+        self.app.metrics.key_reloads.labels("ok").inc()
+        log.info("API keys reloaded: {n} key(s)", n=len(keys))
+        return True
+
+    def startService(self) -> None:
+        super().startService()
+        self._previous_hup = signal.signal(
+            signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload_keys)
+        )
+        # Start-up objects never die: keep them out of the full collections that
+        # dominate Klein's p99 (twisted-notes).
+        self.reactor.callWhenRunning(gc.freeze)
+
+    def stopService(self) -> Any:
+        if self._previous_hup is not None:
+            signal.signal(signal.SIGHUP, self._previous_hup)
+        d = super().stopService()
+        d.addBoth(lambda _: self.app.upstream.close())
+        return d
+
+
+def build_service(options: Options, reactor: Any, env: dict[str, str]) -> GatewayService:
+    """Everything but the reactor choice; raises ``usage.UsageError`` on bad config."""
+    try:
+        config = load_config(options)
+        catalog = build_catalog(config)
+        keys_path = config.path(config.gateway.api_keys)
+        keys = load_keys(keys_path)
+    except ConfigErrors as exc:
+        raise usage.UsageError(str(exc)) from None
+    gw = config.gateway
+    static_token = env.get("MORTRED_GATEWAY_AUTH_TOKEN", "")
+    check_startup(gw.host, static_token, keys)
+    policy = AccessPolicy(
+        static_token=static_token,
+        keys=keys,
+        limiter=RateLimiter(reactor.seconds),
+        metrics_token=env.get("MORTRED_METRICS_TOKEN", ""),
+    )
+    if policy.open:
+        log.warn("gateway is OPEN: no MORTRED_GATEWAY_AUTH_TOKEN and no API keys (loopback)")
+    http, pool = make_http_client(
+        reactor,
+        max_persistent_per_host=gw.max_persistent_per_host,
+        connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
+    )
+    upstream = UpstreamClient(
+        http, reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, pool=pool
+    )
+    metrics = GatewayMetrics()
+    metrics.api_keys.set(len(keys))
+    app = GatewayApp(
+        catalog=catalog,
+        policy=policy,
+        upstream=upstream,
+        clock=reactor,
+        metrics=metrics,
+        internal_token=env.get("MORTRED_INTERNAL_TOKEN", ""),
+    )
+    site = GatewaySite(
+        app.resource(),
+        max_body_bytes=gw.request_size_limit_bytes,
+        max_connections=gw.max_connections,
+        access_log=bool(options["access-log"]),
+    )
+    svc = GatewayService(app, keys_path, reactor)
+    internet.TCPServer(gw.port, site, interface=gw.host, backlog=1024).setServiceParent(svc)
+    log.info(
+        "gateway on http://{host}:{port} for {n} model(s): {ids}",
+        host=gw.host,
+        port=gw.port,
+        n=len(catalog),
+        ids=", ".join(catalog),
+    )
+    return svc
+
+
+def makeService(options: Options) -> service.IService:
+    """twistd entry point: the global reactor is chosen here and nowhere else."""
+    from twisted.internet import reactor
+
+    try:
+        return build_service(options, reactor, dict(os.environ))
+    except Exception as exc:  # startup errors: one clear line, non-zero exit
+        print(f"mortred-gateway: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,187 @@
+"""``twistd -n mortred-model --config conf/server/<…>.toml``: one model server.
+
+The only place that falls back to the global reactor. Service tree (started in
+order, stopped in reverse)::
+
+    MultiService
+      ├─ ModelThreadPool      model threads (stopped last)
+      └─ ModelServerService   loads the models, listens, drains jobs on stop
+
+Startup refuses (usage error, non-zero exit) on an invalid config and on a
+non-loopback listen host without an auth token (fail-closed). A model that fails
+to load does not stop the process: it stays up and answers ``/ready`` 503 with the
+error, so a supervisor sees why.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any
+
+from twisted.internet.endpoints import serverFromString
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python import usage
+
+from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.server import ServerConfig, load_server_config
+from mortred_twisted.http.auth import is_loopback_host
+from mortred_twisted.http.limits import LimitedSite
+from mortred_twisted.http.model_server import ModelServerApp
+from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.metrics.server import ServerMetrics
+from mortred_twisted.runtime.model_runtime import ModelRuntime
+from mortred_twisted.runtime.threads import ModelThreadPool
+
+log = Logger()
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["config", "c", None, "Server TOML (conf/server/<family>/<model>.toml)."],
+        ["grace", None, "30", "Seconds to let in-flight jobs finish on shutdown."],
+        ["switch-interval", None, "0.0005", "sys.setswitchinterval while serving (s)."],
+    ]
+    optFlags = [["access-log", None, "Log every request (costs throughput)."]]
+
+    def postOptions(self) -> None:
+        if not self["config"]:
+            raise usage.UsageError("--config is required")
+        try:
+            self["grace"] = float(self["grace"])
+            self["switch-interval"] = float(self["switch-interval"])
+        except ValueError as exc:
+            raise usage.UsageError(str(exc)) from None
+
+
+def check_listen_policy(config: ServerConfig) -> None:
+    """Fail closed: a non-loopback host needs a token. Raises UsageError."""
+    if not config.auth_token and not is_loopback_host(config.host):
+        raise usage.UsageError(
+            f"refusing to listen on {config.host} without auth_token "
+            "(set MORTRED_AUTH_TOKEN or auth_token, or listen on 127.0.0.1)"
+        )
+
+
+class ModelServerService(Service):
+    """Loads the model, listens, and drains the job runner on stop."""
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        app: ModelServerApp,
+        *,
+        reactor: Any,
+        grace_s: float,
+        access_log: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.app = app
+        self._reactor = reactor
+        self._grace_s = grace_s
+        self._access_log = access_log
+        self._port: Any = None
+        self.listening: Deferred[Any] = Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        cfg = self.runtime.config
+        site = LimitedSite(
+            self.app.resource(),
+            cfg.request_size_limit_bytes,
+            self.app.early_reject,
+            access_log=self._access_log,
+        )
+        host = cfg.host.replace(":", "\\:")
+        endpoint = serverFromString(
+            self._reactor, f"tcp:{cfg.port}:interface={host}:backlog={cfg.max_connections}"
+        )
+        d = endpoint.listen(site)
+
+        def listening(port: Any) -> Any:
+            self._port = port
+            addr = port.getHost()
+            base = f"http://{cfg.host}:{addr.port}"
+            log.info(
+                "mortred model server {id} ({model}) listening on {base}\n"
+                "  sync:  POST {base}{uri}\n"
+                "  async: POST {base}/jobs   (enabled: {async_enabled})\n"
+                "  ready: GET  {base}/ready   metrics: GET {base}/metrics",
+                id=cfg.id,
+                model=cfg.model_type,
+                base=base,
+                uri=cfg.server_uri,
+                async_enabled=cfg.async_enabled,
+            )
+            # Objects alive after start-up never need collecting: keep them out of
+            # the full collections that dominate the p99 of a busy reactor.
+            gc.freeze()
+            self.listening.callback(port)
+            return port
+
+        def cannot_listen(failure: Any) -> None:
+            log.critical("cannot listen on {host}:{port}: {f}", host=cfg.host,
+                         port=cfg.port, f=failure.getErrorMessage())  # fmt: skip
+            self.listening.errback(failure)
+            self._reactor.callLater(0, self._reactor.stop)
+
+        d.addCallbacks(listening, cannot_listen)
+        self.runtime.load_models()
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        d = self.runtime.shutdown(self._grace_s)
+
+        def close_port(_: Any) -> Any:
+            if self._port is not None:
+                return self._port.stopListening()
+            return None
+
+        d.addBoth(close_port)
+        return d
+
+
+def build_service(
+    config: ServerConfig,
+    *,
+    reactor: Any,
+    grace_s: float = 30.0,
+    switch_interval_s: float | None = 0.0005,
+    access_log: bool = False,
+) -> MultiService:
+    """The whole model-server service tree for ``config`` (tests use this too)."""
+    check_listen_policy(config)
+    top = MultiService()
+    threads = ModelThreadPool(
+        reactor, config.worker_nums, name=f"mortred-{config.id}",
+        switch_interval_s=switch_interval_s,
+    )  # fmt: skip
+    threads.setServiceParent(top)
+    runtime = ModelRuntime(config, clock=reactor, threads=threads, metrics=ServerMetrics())
+    limiter = RateLimiter(config.rate_limit_qps) if config.rate_limit_qps > 0 else None
+    app = ModelServerApp(runtime, rate_limiter=limiter)
+    server = ModelServerService(
+        runtime, app, reactor=reactor, grace_s=grace_s, access_log=access_log
+    )
+    server.setName("model-server")
+    server.setServiceParent(top)
+    return top
+
+
+def makeService(options: Options) -> IService:
+    from twisted.internet import reactor
+
+    try:
+        config = load_server_config(options["config"])
+    except ConfigErrors as exc:
+        print(str(exc), file=sys.stderr)
+        raise SystemExit(2) from None
+    return build_service(
+        config,
+        reactor=reactor,
+        grace_s=options["grace"],
+        switch_interval_s=options["switch-interval"],
+        access_log=bool(options["access-log"]),
+    )
