@@ -1,0 +1,179 @@
+"""ManagedServer lifecycle and Supervisor ordering, on task.Clock with fake children."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.task import Clock
+
+from mortred_twisted.supervisor.logs import LogBuffer
+from mortred_twisted.supervisor.monitor import ManagedServer, Supervisor, Timing
+from mortred_twisted.supervisor.policy import RestartTracker
+from mortred_twisted.supervisor.process import ProcessSpec
+
+from .fakes import FakeProber, FakeSpawner
+
+
+def server(
+    sid: str,
+    clock: Clock,
+    spawner: FakeSpawner,
+    prober: FakeProber,
+    policy: str = "on-failure",
+    kind: str = "model",
+) -> ManagedServer:
+    return ManagedServer(
+        sid,
+        kind=kind,
+        spec=ProcessSpec((sid,)),
+        probe_url=f"http://{sid}/ready",
+        tracker=RestartTracker(policy),
+        clock=clock,
+        spawner=spawner,
+        prober=prober,
+        log_buffer=LogBuffer(),
+        timing=Timing(probe_interval=0.5, ready_timeout=10, grace=3),
+    )
+
+
+def fired(d: Any) -> list[Any]:
+    out: list[Any] = []
+    d.addBoth(out.append)
+    return out
+
+
+def test_start_probe_ready_running() -> None:
+    """start → starting; the first OK probe makes it running + ready and fires start()."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr)
+    result = fired(s.start())
+    assert s.state == "starting" and s.pid == 1000 and result == []
+    clock.advance(0.5)
+    assert s.state == "starting"
+    pr.ready["http://A/ready"] = True
+    clock.advance(0.5)
+    assert s.state == "running" and s.ready and result == [True]
+
+
+def test_crash_restarts_with_backoff_then_fails() -> None:
+    """Crashes restart after 0.5, 1, 2, 4, 8 s; the 6th crash in 60 s is failed."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr)
+    result = fired(s.start())
+    for delay in (0.5, 1, 2, 4, 8):
+        sp.children[-1].exit(code=1)
+        assert s.state == "backoff"
+        clock.advance(delay)
+        assert s.state == "starting"
+    sp.children[-1].exit(code=1)
+    assert s.state == "failed" and "crash loop" in (s.error or "")
+    assert s.restart_count == 5 and result == [False]
+    st = s.status()
+    assert st["last_exit"]["code"] == 1 and st["pid"] is None
+
+
+def test_operator_start_after_failed() -> None:
+    """A failed server starts again on an explicit start()."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr, policy="no")
+    s.start()
+    sp.children[-1].exit(code=3)
+    assert s.state == "failed"
+    s.start()
+    assert s.state == "starting" and len(sp.children) == 2
+
+
+def test_clean_exit_with_on_failure_is_stopped() -> None:
+    """on-failure leaves a cleanly exited child stopped."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr)
+    s.start()
+    sp.children[-1].exit(code=0)
+    assert s.state == "stopped"
+
+
+def test_stop_sends_term_then_kill_after_grace() -> None:
+    """A child that ignores SIGTERM gets SIGKILL after the grace period."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    sp.exit_on_term = False
+    s = server("A", clock, sp, pr)
+    s.start()
+    done = fired(s.stop())
+    assert sp.children[0].signals == ["TERM"] and done == []
+    clock.advance(3)
+    assert sp.children[0].signals == ["TERM", "KILL"] and done == [None]
+    assert s.state == "stopped" and not clock.getDelayedCalls()
+
+
+def test_stop_is_not_restarted_by_policy() -> None:
+    """An operator stop never triggers the restart policy, even 'always'."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr, policy="always")
+    s.start()
+    s.stop()
+    clock.advance(60)
+    assert s.state == "stopped" and len(sp.children) == 1
+
+
+def test_restart_spawns_new_pid() -> None:
+    """restart() stops the child and starts a new one (restart_count 1)."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    pr.ready["http://A/ready"] = True
+    s = server("A", clock, sp, pr)
+    s.start()
+    clock.advance(0.5)
+    result = fired(s.restart())
+    assert s.state == "starting" and s.pid == 1001
+    clock.advance(0.5)
+    assert result == [True] and s.restart_count == 1
+
+
+def test_never_ready_is_stopped_and_restarted() -> None:
+    """A child not ready within ready_timeout is terminated and goes through the policy."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr)
+    s.start()
+    clock.advance(11)
+    assert sp.children[0].signals == ["TERM"]
+    assert s.state == "backoff" and "not ready" in (s.error or "")
+
+
+def test_ready_lost_while_running() -> None:
+    """A failing probe on a running child clears ready but keeps it running."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    pr.ready["http://A/ready"] = True
+    s = server("A", clock, sp, pr)
+    s.start()
+    clock.advance(0.5)
+    pr.ready["http://A/ready"] = False
+    clock.advance(0.5)
+    assert s.state == "running" and not s.ready
+
+
+def test_supervisor_concurrency_and_shutdown_order() -> None:
+    """Autostart holds start_concurrency slots until ready; stop_all stops models then gateway."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    gw = server("gateway", clock, sp, pr, kind="gateway")
+    models = [server(x, clock, sp, pr) for x in ("A", "B", "C")]
+    sup = Supervisor(models, gateway=gw, start_concurrency=2)
+    result = fired(sup.start_all(["A", "B", "C"]))
+    assert [c.spec.argv[0] for c in sp.children] == ["gateway", "A", "B"]
+    pr.ready["http://A/ready"] = True
+    clock.advance(0.5)
+    assert [c.spec.argv[0] for c in sp.children] == ["gateway", "A", "B", "C"]
+    pr.ready.update({"http://B/ready": True, "http://C/ready": True, "http://gateway/ready": True})
+    clock.advance(0.5)
+    assert result == [{"A": True, "B": True, "C": True, "gateway": True}]
+    order: list[str] = []
+    for child in sp.children:
+        child.ended.addCallback(lambda _, n=child.spec.argv[0]: order.append(n))
+    sp.exit_on_term = False
+    for c in sp.children:
+        c.exit_on_term = False
+    done = fired(sup.stop_all())
+    assert sp.children[0].signals == [] and all(c.signals == ["TERM"] for c in sp.children[1:])
+    for c in sp.children[1:]:
+        c.exit(signal=15)
+    assert sp.children[0].signals == ["TERM"] and order == ["A", "B", "C"]
+    sp.children[0].exit(signal=15)
+    assert order == ["A", "B", "C", "gateway"] and done == [None]
