@@ -108,7 +108,7 @@ class ModelServerService(Service):
                 "mortred model server {id} ({model}) listening on {base}\n"
                 "  sync:  POST {base}{uri}\n"
                 "  async: POST {base}/jobs   (enabled: {async_enabled})\n"
-                "  ready: GET  {base}/ready   metrics: GET {base}/metrics",
+                "  probes: GET {base}/ready   metrics: GET {base}/metrics",
                 id=cfg.id,
                 model=cfg.model_type,
                 base=base,
