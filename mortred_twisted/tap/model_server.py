@@ -19,9 +19,9 @@ import gc
 import sys
 from typing import Any
 
-from twisted.internet.endpoints import serverFromString
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python import usage
 

@@ -4,7 +4,8 @@ Usage::
 
     from tests.support.servers import model_server
 
-    with model_server("conf/server/fake/fake_async.toml", env={"MORTRED_ASYNC_MAX_QUEUE": "2"}) as srv:
+    env = {"MORTRED_ASYNC_MAX_QUEUE": "2"}
+    with model_server("conf/server/fake/fake_async.toml", env=env) as srv:
         status, headers, body = srv.request("GET", "/ready")
 
 The server listens on a free loopback port (``MORTRED_LISTEN_PORT``), runs the source
