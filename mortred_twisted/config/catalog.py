@@ -12,13 +12,14 @@ leak into every model's entry.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mortred_twisted.config.control import ControlConfig
 from mortred_twisted.config.errors import ConfigErrors, did_you_mean
-from mortred_twisted.config.server import load_server_config
+from mortred_twisted.config.server import ServerConfig, build_server_config, find_root
 
 #: Paths the gateway serves itself; a model's legacy ``server_uri`` may not shadow them.
 RESERVED_PREFIXES = ("/v1/", "/healthz", "/metrics", "/api/", "/jobs")
@@ -36,6 +37,7 @@ class CatalogEntry:
     async_enabled: bool
     request_size_limit_mb: float
     source: str  # the server TOML, relative to the project root when possible
+    config_path: str = ""  # the server TOML, absolute (what the model process loads)
     model_type: str = "fake"
     enabled: bool = True
     autostart: bool = True
@@ -88,6 +90,18 @@ class Catalog(Mapping[str, CatalogEntry]):
         return [e for e in self._by_id.values() if e.enabled]
 
 
+def _load_entry_config(path: Path) -> ServerConfig:
+    """A server TOML checked like the model server does, minus the model file (the
+    control plane never needs it) and minus the environment."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigErrors(str(path), [f"invalid TOML: {exc}"]) from None
+    return build_server_config(
+        document, source=str(path), root=find_root(path), env={}, read_model_file=False
+    )
+
+
 def _relative(path: Path, root: Path) -> str:
     try:
         return str(path.resolve().relative_to(root.resolve()))
@@ -127,7 +141,7 @@ def discover(catalog_dir: Path, root: Path) -> tuple[list[CatalogEntry], list[st
         return [], [f"catalog directory not found: {catalog_dir}"]
     for path in sorted(catalog_dir.rglob("*.toml")):
         try:
-            cfg = load_server_config(path, root=root, env={})
+            cfg = _load_entry_config(path)
         except ConfigErrors as exc:
             problems.extend(f"{_relative(path, root)}: {p}" for p in exc.problems)
             continue
@@ -146,6 +160,7 @@ def discover(catalog_dir: Path, root: Path) -> tuple[list[CatalogEntry], list[st
                 async_enabled=cfg.async_enabled,
                 request_size_limit_mb=cfg.request_size_limit,
                 source=_relative(path, root),
+                config_path=str(path.resolve()),
                 model_type=cfg.model_type,
             )
         )

@@ -27,9 +27,10 @@ def public_job_path(value: str, model_id: str) -> str:
     return value
 
 
-def rewrite_submit_body(body: bytes, model_id: str) -> bytes:
-    """The 202 body with ``poll_url``/``result_url`` rewritten; unchanged when the
-    body is not a JSON object or holds nothing to rewrite."""
+def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
+    """A job body (submit 202, poll/wait 200) with ``poll_url``/``result_url``
+    rewritten; byte for byte unchanged when it is not a JSON object or holds nothing
+    to rewrite."""
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -8,8 +8,9 @@ Order for a public route: path shape (404 when nothing matches) → method (405 
 → credentials (401 + WWW-Authenticate, 403 scope, 429 + Retry-After per key) → model id
 (404) → forward. The body-size limit (413) runs earlier, in the ``Site``'s request.
 Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies pass
-through unchanged, except the 202 of a submit, whose ``Location``/``poll_url``/
-``result_url`` are rewritten to ``/v1/models/<id>/jobs/...``.
+through unchanged, except job URLs: the submit's 202 ``Location`` and the
+``poll_url``/``result_url`` fields (of the 202 and of 200 poll/wait views, which
+repeat them) are rewritten to ``/v1/models/<id>/jobs/...``.
 
 Klein cancels the route's Deferred when the client disconnects; the forward is that
 Deferred, so the upstream request is cancelled with it.
@@ -30,7 +31,7 @@ from twisted.logger import Logger
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.rewrite import public_job_path, rewrite_submit_body
+from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
 from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
@@ -47,7 +48,7 @@ log = Logger()
 JSON = b"application/json; charset=utf-8"
 #: Request headers forwarded upstream (everything else is dropped; Authorization is
 #: replaced by the internal token).
-_FORWARD_REQUEST = (b"content-type", b"accept", b"accept-encoding", b"user-agent")
+_FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
 #: Response headers never copied back (hop-by-hop or recomputed here).
 _DROP_RESPONSE = {
     b"connection",
@@ -103,7 +104,9 @@ class GatewayApp:
         for name, value in (headers or {}).items():
             request.setHeader(name.encode("ascii"), value.encode("latin-1"))
         self.metrics.requests.labels(route, str(status)).inc()
-        return json.dumps({"error": message}).encode("utf-8")
+        body = json.dumps({"error": message}).encode("utf-8")
+        request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
+        return body
 
     def _denied(self, request: Any, decision: Decision, route: str) -> bytes:
         self.metrics.auth_failures.labels(decision.reason or str(decision.status)).inc()
@@ -128,6 +131,7 @@ class GatewayApp:
             if method not in ("GET", "HEAD"):
                 return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})
             request.setHeader(b"Content-Type", JSON)
+            request.setHeader(b"Content-Length", b"15")
             self.metrics.requests.labels("healthz", "200").inc()
             return b'{"status":"ok"}'
         if path == "/metrics":
@@ -198,8 +202,8 @@ class GatewayApp:
             self.metrics.upstream_latency.labels(label).observe(elapsed_ms)
         request.setResponseCode(response.code)
         for name, values in response.headers.getAllRawHeaders():
-            if name.lower() in _DROP_RESPONSE:
-                continue
+            if name.lower() in _DROP_RESPONSE or values == [b""]:
+                continue  # treq's decoder agent leaves an empty Content-Encoding
             request.responseHeaders.setRawHeaders(name, values)
         body = response.body
         if route.kind is RouteKind.SUBMIT and response.code == 202:
@@ -207,7 +211,10 @@ class GatewayApp:
             if location:
                 new = public_job_path(location[0].decode("latin-1"), route.entry.id)
                 request.setHeader(b"Location", new.encode("latin-1"))
-            body = rewrite_submit_body(body, route.entry.id)
+            body = rewrite_job_urls(body, route.entry.id)
+        elif route.kind in (RouteKind.POLL, RouteKind.WAIT) and response.code == 200:
+            # The model repeats poll_url/result_url in job views: keep them public too.
+            body = rewrite_job_urls(body, route.entry.id)
         request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
         self.metrics.requests.labels(label, str(response.code)).inc()
         return body

@@ -84,7 +84,7 @@ def model_spec(
     env["MORTRED_LISTEN_PORT"] = str(entry.port)
     if internal_token:
         env["MORTRED_AUTH_TOKEN"] = internal_token
-    config = str(Path(control.root) / entry.source)
+    config = entry.config_path or str(Path(control.root) / entry.source)
     argv = (python, *LAUNCHER, "mortred-model", "--config", config)
     return ProcessSpec(argv, env, control.root)
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mortred_twisted.gateway.rewrite import public_job_path, rewrite_submit_body
+from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
 
 
 def test_location_relative_and_absolute() -> None:
@@ -36,7 +36,7 @@ def test_body_fields_rewritten_others_kept() -> None:
             "extra": "/jobs/x",
         }
     ).encode()
-    doc = json.loads(rewrite_submit_body(body, "LDM"))
+    doc = json.loads(rewrite_job_urls(body, "LDM"))
     assert doc == {
         "job_id": "job_1",
         "state": "pending",
@@ -55,4 +55,4 @@ def test_non_json_bodies_pass_unchanged(body: bytes) -> None:
             return
     except ValueError:
         pass
-    assert rewrite_submit_body(body, "X") == body
+    assert rewrite_job_urls(body, "X") == body
