@@ -186,7 +186,7 @@ def render_digit_canvas(
     standard deviation ``noise`` is added. Returns ``float32`` in ``[0, 1]``.
     """
     d = digit.shape[0]
-    side = int(round(min(canvas, d * rng.uniform(*scale))))
+    side = int(round(min(canvas, d * rng.uniform(*scale))))  # noqa: RUF046 - numpy scalars
     pil = Image.fromarray(digit.astype(np.float32), mode="F").resize((side, side), Image.BILINEAR)
     out = np.zeros((canvas, canvas), dtype=np.float32)
     y0 = int(rng.integers(0, canvas - side + 1))

@@ -81,13 +81,17 @@ class MobileNetV2Model(Model):
     """One worker's classifier instance (the network may be shared, read-only)."""
 
     params_schema: Sequence[ParamSpec] = (
-        ParamSpec("top_k", int, default=None, minimum=1, maximum=1000,
-                  description="if set, also return the top_k classes as 'top_k'"),
+        ParamSpec(
+            "top_k",
+            int,
+            default=None,
+            minimum=1,
+            maximum=1000,
+            description="if set, also return the top_k classes as 'top_k'",
+        ),
     )
 
-    def __init__(
-        self, net: MobileNetV2, class_names: Sequence[str], device: torch.device
-    ) -> None:
+    def __init__(self, net: MobileNetV2, class_names: Sequence[str], device: torch.device) -> None:
         self.net = net
         self.class_names = list(class_names)
         self.device = device
@@ -184,10 +188,12 @@ def create(options: Mapping[str, Any], root: Path) -> MobileNetV2Model:
     ``device``, optional ``input_size`` (must match the weights). Workers of one
     process share the read-only network.
     """
-    weights = resolve_path(root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str),
-                           "model_weights_path")
+    weights = resolve_path(
+        root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
+    )
     names_path = resolve_path(
-        root, option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
+        root,
+        option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
         "model_class_names_path",
     )
     device = resolve_device(options.get("device", "cpu"))

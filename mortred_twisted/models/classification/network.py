@@ -49,7 +49,7 @@ class InvertedResidual(nn.Module):
 
     def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
         super().__init__()
-        hidden = int(round(cin * expand))
+        hidden = round(cin * expand)
         self.use_residual = stride == 1 and cin == cout
         layers: list[nn.Module] = []
         if expand != 1:
@@ -98,12 +98,14 @@ class MobileNetV2(nn.Module):
         layers: list[nn.Module] = [ConvBNReLU6(in_channels, cin, stride=stem_stride)]
         for t, c, n, s in settings:
             cout = make_divisible(c * width_mult)
-            for i in range(max(1, int(round(n * repeats_scale)))):
+            for i in range(max(1, round(n * repeats_scale))):
                 layers.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
                 cin = cout
         layers.append(ConvBNReLU6(cin, self.last_channel, kernel=1))
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.last_channel, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Dropout(dropout), nn.Linear(self.last_channel, num_classes)
+        )
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out")

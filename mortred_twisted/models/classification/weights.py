@@ -108,7 +108,11 @@ def load_verified_checkpoint(weights_path: Path, model_type: str) -> dict[str, A
         checkpoint = torch.load(weights_path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot read weights {weights_path}: {exc}") from exc
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "arch" not in checkpoint:
+    if (
+        not isinstance(checkpoint, dict)
+        or "state_dict" not in checkpoint
+        or "arch" not in checkpoint
+    ):
         raise ModelLoadError(f"weights {weights_path} are not a perception checkpoint")
     return checkpoint
 

@@ -26,7 +26,9 @@ class Conv(nn.Sequential):
 
     def __init__(self, cin: int, cout: int, k: int = 3, s: int = 1) -> None:
         super().__init__(
-            nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.SiLU(inplace=True)
+            nn.Conv2d(cin, cout, k, s, k // 2, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.SiLU(inplace=True),
         )
 
 
@@ -104,17 +106,23 @@ class YoloV8(nn.Module):
         box_c = max(16, c1, 4 * reg_max)
         cls_c = max(c1, num_classes)
         self.box_heads = nn.ModuleList(
-            nn.Sequential(Conv(c, box_c, 3), Conv(box_c, box_c, 3), nn.Conv2d(box_c, 4 * reg_max, 1))
+            nn.Sequential(
+                Conv(c, box_c, 3), Conv(box_c, box_c, 3), nn.Conv2d(box_c, 4 * reg_max, 1)
+            )
             for c in (c1, c2, c3)
         )
         self.cls_heads = nn.ModuleList(
-            nn.Sequential(Conv(c, cls_c, 3), Conv(cls_c, cls_c, 3), nn.Conv2d(cls_c, num_classes, 1))
+            nn.Sequential(
+                Conv(c, cls_c, 3), Conv(cls_c, cls_c, 3), nn.Conv2d(cls_c, num_classes, 1)
+            )
             for c in (c1, c2, c3)
         )
         for head, stride in zip(self.cls_heads, self.strides, strict=True):
             # prior: about 5 objects per picture spread over the level's cells
             cells = (input_size / stride) ** 2
-            nn.init.constant_(head[-1].bias, float(torch.log(torch.tensor(5 / num_classes / cells))))
+            nn.init.constant_(
+                head[-1].bias, float(torch.log(torch.tensor(5 / num_classes / cells)))
+            )
         for head in self.box_heads:
             nn.init.constant_(head[-1].bias, 1.0)
 
@@ -139,7 +147,11 @@ def make_anchors(
     points, stride_t = [], []
     for f, s in zip(feats, strides, strict=True):
         h, w = f.shape[-2:]
-        ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+        ys, xs = torch.meshgrid(
+            torch.arange(h, dtype=torch.float32),
+            torch.arange(w, dtype=torch.float32),
+            indexing="ij",
+        )
         points.append((torch.stack([xs, ys], -1).reshape(-1, 2) + 0.5) * s)
         stride_t.append(torch.full((h * w, 1), float(s)))
     return torch.cat(points), torch.cat(stride_t)

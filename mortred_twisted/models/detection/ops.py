@@ -13,7 +13,9 @@ import torch
 
 def box_area(boxes: torch.Tensor) -> torch.Tensor:
     """Areas of ``(..., 4)`` boxes (zero for degenerate boxes)."""
-    return (boxes[..., 2] - boxes[..., 0]).clamp(min=0) * (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
+    return (boxes[..., 2] - boxes[..., 0]).clamp(min=0) * (boxes[..., 3] - boxes[..., 1]).clamp(
+        min=0
+    )
 
 
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -37,8 +39,10 @@ def ciou(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
     cw = torch.maximum(a[..., 2], b[..., 2]) - torch.minimum(a[..., 0], b[..., 0])
     ch = torch.maximum(a[..., 3], b[..., 3]) - torch.minimum(a[..., 1], b[..., 1])
     c2 = cw**2 + ch**2 + eps
-    rho2 = ((b[..., 0] + b[..., 2] - a[..., 0] - a[..., 2]) ** 2 +
-            (b[..., 1] + b[..., 3] - a[..., 1] - a[..., 3]) ** 2) / 4
+    rho2 = (
+        (b[..., 0] + b[..., 2] - a[..., 0] - a[..., 2]) ** 2
+        + (b[..., 1] + b[..., 3] - a[..., 1] - a[..., 3]) ** 2
+    ) / 4
     v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))

@@ -96,12 +96,27 @@ class YoloV8Model(Model):
     """One worker's detector instance (the network may be shared, read-only)."""
 
     params_schema: Sequence[ParamSpec] = (
-        ParamSpec("model_score_threshold", float, minimum=0.0, maximum=1.0,
-                  description="minimum class score (default from the config)"),
-        ParamSpec("model_nms_threshold", float, minimum=0.0, maximum=1.0,
-                  description="IoU above which a lower-scoring box is suppressed"),
-        ParamSpec("model_keep_top_k", int, minimum=1, maximum=10000,
-                  description="maximum detections returned per image"),
+        ParamSpec(
+            "model_score_threshold",
+            float,
+            minimum=0.0,
+            maximum=1.0,
+            description="minimum class score (default from the config)",
+        ),
+        ParamSpec(
+            "model_nms_threshold",
+            float,
+            minimum=0.0,
+            maximum=1.0,
+            description="IoU above which a lower-scoring box is suppressed",
+        ),
+        ParamSpec(
+            "model_keep_top_k",
+            int,
+            minimum=1,
+            maximum=10000,
+            description="maximum detections returned per image",
+        ),
     )
 
     def __init__(
@@ -122,7 +137,9 @@ class YoloV8Model(Model):
             "model_keep_top_k": keep_top_k,
         }
 
-    def _prepare(self, request: InferenceRequest) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    def _prepare(
+        self, request: InferenceRequest
+    ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
         if not request.images:
             raise InputDecodeError("no image in request")
         pics, metas = [], []
@@ -140,12 +157,18 @@ class YoloV8Model(Model):
         return boxes.float().cpu(), probs.float().cpu()
 
     def _detections(
-        self, boxes: torch.Tensor, probs: torch.Tensor, meta: tuple[int, int, float],
+        self,
+        boxes: torch.Tensor,
+        probs: torch.Tensor,
+        meta: tuple[int, int, float],
         params: Mapping[str, Any],
     ) -> list[dict[str, Any]]:
         cfg = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
         kb, ks, kc = postprocess(
-            boxes, probs, cfg["model_score_threshold"], cfg["model_nms_threshold"],
+            boxes,
+            probs,
+            cfg["model_score_threshold"],
+            cfg["model_nms_threshold"],
             cfg["model_keep_top_k"],
         )
         width, height, scale = meta
@@ -162,8 +185,13 @@ class YoloV8Model(Model):
             for b, s, c in zip(kb, ks, kc, strict=True)
         ]
 
-    def _data(self, request: InferenceRequest, boxes: torch.Tensor, probs: torch.Tensor,
-              metas: list[tuple[int, int, float]]) -> Any:
+    def _data(
+        self,
+        request: InferenceRequest,
+        boxes: torch.Tensor,
+        probs: torch.Tensor,
+        metas: list[tuple[int, int, float]],
+    ) -> Any:
         items = [
             self._detections(boxes[i], probs[i], meta, request.params)
             for i, meta in enumerate(metas)
@@ -186,14 +214,14 @@ class YoloV8Model(Model):
         for request in requests:
             try:
                 prepared.append(self._prepare(request))
-            except Exception as exc:  # noqa: BLE001 - per-item isolation
+            except Exception as exc:
                 prepared.append(exc)
         good = [p[0] for p in prepared if not isinstance(p, BaseException)]
         if not good:
             return prepared
         try:
             boxes, probs = self.predict(np.concatenate(good))
-        except Exception as exc:  # noqa: BLE001 - a failed pass fails its members only
+        except Exception as exc:
             return [p if isinstance(p, BaseException) else exc for p in prepared]
         out: list[Any | BaseException] = []
         offset = 0
@@ -203,9 +231,12 @@ class YoloV8Model(Model):
                 continue
             n = item[0].shape[0]
             try:
-                out.append(self._data(request, boxes[offset:offset + n],
-                                      probs[offset:offset + n], item[1]))
-            except Exception as exc:  # noqa: BLE001 - per-item isolation
+                out.append(
+                    self._data(
+                        request, boxes[offset : offset + n], probs[offset : offset + n], item[1]
+                    )
+                )
+            except Exception as exc:
                 out.append(exc)
             offset += n
             ctx.progress(1, 1)
@@ -230,10 +261,12 @@ def create(options: Mapping[str, Any], root: Path) -> YoloV8Model:
     ``model_score_threshold`` (0.25), ``model_nms_threshold`` (0.45),
     ``model_keep_top_k`` (100).
     """
-    weights = resolve_path(root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str),
-                           "model_weights_path")
+    weights = resolve_path(
+        root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
+    )
     names_path = resolve_path(
-        root, option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
+        root,
+        option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
         "model_class_names_path",
     )
     device = resolve_device(options.get("device", "cpu"))

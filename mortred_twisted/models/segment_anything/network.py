@@ -40,8 +40,9 @@ class ResBlock(nn.Module):
     def __init__(self, c: int, dilation: int) -> None:
         super().__init__()
         self.a = ConvBN(c, c, 3, 1, dilation)
-        self.b = nn.Sequential(nn.Conv2d(c, c, 3, 1, dilation, dilation=dilation, bias=False),
-                               nn.BatchNorm2d(c))
+        self.b = nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, dilation, dilation=dilation, bias=False), nn.BatchNorm2d(c)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x + self.b(self.a(x)))
@@ -54,9 +55,7 @@ class ImageEncoder(nn.Module):
         super().__init__()
         self.s0 = nn.Sequential(ConvBN(3, 16), ConvBN(16, 16))
         self.s1 = nn.Sequential(ConvBN(16, 32, s=2), ConvBN(32, 32))
-        self.s2 = nn.Sequential(
-            ConvBN(32, dim, s=2), *(ResBlock(dim, d) for d in (1, 2, 4, 8, 1))
-        )
+        self.s2 = nn.Sequential(ConvBN(32, dim, s=2), *(ResBlock(dim, d) for d in (1, 2, 4, 8)))
         self.neck = nn.Conv2d(dim, dim, 1)
         self.skip_half = nn.Conv2d(32, skip_channels[0], 1)
         self.skip_full = nn.Conv2d(16, skip_channels[1], 1)
@@ -129,7 +128,11 @@ class TwoWayBlock(nn.Module):
         self.skip_first_pe = skip_first_pe
 
     def forward(
-        self, queries: torch.Tensor, keys: torch.Tensor, query_pe: torch.Tensor, key_pe: torch.Tensor
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_pe: torch.Tensor,
+        key_pe: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.skip_first_pe:
             queries = self.self_attn(queries, queries, queries)
@@ -146,8 +149,14 @@ class TwoWayBlock(nn.Module):
 class MaskDecoder(nn.Module):
     """Tokens + image embedding -> ``num_masks`` mask logits and IoU estimates."""
 
-    def __init__(self, dim: int = 64, num_masks: int = 3, depth: int = 2, heads: int = 4,
-                 skip_channels: tuple[int, int] = (16, 8)) -> None:
+    def __init__(
+        self,
+        dim: int = 64,
+        num_masks: int = 3,
+        depth: int = 2,
+        heads: int = 4,
+        skip_channels: tuple[int, int] = (16, 8),
+    ) -> None:
         super().__init__()
         self.num_masks = num_masks
         self.iou_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
@@ -160,7 +169,8 @@ class MaskDecoder(nn.Module):
         self.up1_norm = nn.GroupNorm(1, c_half)
         self.up2 = nn.ConvTranspose2d(c_half, c_full, 2, 2)
         self.hyper = nn.ModuleList(
-            nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, c_full)) for _ in range(num_masks)
+            nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, c_full))
+            for _ in range(num_masks)
         )
         self.iou_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, num_masks))
 
@@ -183,23 +193,36 @@ class MaskDecoder(nn.Module):
         key_pe = dense_pe[None].expand(p, -1, -1)
         for block in self.blocks:
             queries, keys = block(queries, keys, tokens, key_pe)
-        queries = self.final_norm(
-            queries + self.final_attn(queries + tokens, keys + key_pe, keys)
-        )
+        queries = self.final_norm(queries + self.final_attn(queries + tokens, keys + key_pe, keys))
         src = keys.transpose(1, 2).reshape(p, dim, h, w)
-        up = F.gelu(self.up1_norm(self.up1(src) + skip_half))
-        up = F.gelu(self.up2(up) + skip_full)
+        up = F.gelu(self.up1_norm(self.up1(src) + skip_half))  # (P, c_half, 2h, 2w)
         mask_tokens = queries[:, 1 : 1 + self.num_masks]
         weights = torch.stack([mlp(mask_tokens[:, i]) for i, mlp in enumerate(self.hyper)], 1)
-        masks = torch.einsum("pkc,pchw->pkhw", weights, up)
-        return masks, self.iou_head(queries[:, 0])
+        # masks = weights . (up2(up) + skip_full), with the linear stride-2 transposed
+        # convolution folded into the per-prompt weights: no (P, c, 4h, 4w) tensor.
+        folded = torch.einsum("pkc,dcij->pkdij", weights, self.up2.weight)
+        low = torch.einsum("pkdij,pdyx->pkyixj", folded, up).reshape(
+            p, self.num_masks, 4 * h, 4 * w
+        )
+        bias = (weights @ self.up2.bias)[..., None, None]
+        if skip_full.shape[0] == 1:
+            high = torch.einsum("pkc,chw->pkhw", weights, skip_full[0])
+        else:
+            high = torch.einsum("pkc,pchw->pkhw", weights, skip_full)
+        return low + high + bias, self.iou_head(queries[:, 0])
 
 
 class PromptableSegmenter(nn.Module):
     """Image encoder + prompt encoder + mask decoder (inputs are ``input_size`` px)."""
 
-    def __init__(self, dim: int = 64, num_masks: int = 3, depth: int = 2, heads: int = 4,
-                 input_size: int = 64) -> None:
+    def __init__(
+        self,
+        dim: int = 64,
+        num_masks: int = 3,
+        depth: int = 2,
+        heads: int = 4,
+        input_size: int = 64,
+    ) -> None:
         super().__init__()
         self.input_size = input_size
         self.num_masks = num_masks
@@ -220,9 +243,13 @@ class PromptableSegmenter(nn.Module):
         """Decode ``points (P, 2)`` (pixels), each against image ``image_index[p]``."""
         emb, half, full = features
         h, w = emb.shape[-2:]
+        full = full if full.shape[0] == 1 else full[image_index]
         return self.mask_decoder(
-            emb[image_index], half[image_index], full[image_index],
-            self.prompt_encoder.dense_pe(h, w), self.prompt_encoder.points(points),
+            emb[image_index],
+            half[image_index],
+            full,
+            self.prompt_encoder.dense_pe(h, w),
+            self.prompt_encoder.points(points),
         )
 
     def predict_points(

@@ -1,0 +1,220 @@
+"""The automatic mask generator around a :class:`PromptableSegmenter` (SAM's AMG).
+
+Algorithm (one crop: the whole picture), for one image:
+
+1. letterbox the picture to the model's input size and run the image encoder **once**;
+2. prompt with a ``points_per_side`` x ``points_per_side`` grid of points (cell
+   centres), ``points_per_batch`` at a time; each point yields ``num_masks`` masks;
+3. keep masks whose predicted IoU is ``> pred_iou_thresh`` and whose stability score
+   (:func:`stability_score`, offset ``stability_score_offset``) is
+   ``> stability_score_thresh``; logits are resized to the picture's size and
+   thresholded at 0;
+4. after every batch: ``progress(batches_done, batches_total)``, then
+   ``check_cancelled()``;
+5. greedy box NMS over the masks' boxes at ``box_nms_thresh``, scored by predicted IoU;
+6. if ``min_mask_region_area > 0``: remove holes and islands smaller than that (pixels)
+   from each mask, then NMS again preferring unchanged masks (as SAM does).
+
+Mask records follow SAM: ``segmentation`` (a boolean array here; the serving layer
+encodes it), ``area`` (pixels), ``bbox`` ``[x, y, w, h]`` (COCO, pixels),
+``predicted_iou``, ``stability_score``, ``point_coords`` ``[[x, y]]`` (picture pixels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mortred_twisted.models.detection.ops import nms
+from mortred_twisted.models.detection.yolov8 import letterbox
+from mortred_twisted.models.segment_anything.network import PromptableSegmenter
+
+
+@dataclass(frozen=True)
+class AmgConfig:
+    """The C++ config keys of the automatic mask generator (SAM's names and meaning)."""
+
+    points_per_side: int = 16
+    points_per_batch: int = 64
+    pred_iou_thresh: float = 0.88
+    stability_score_thresh: float = 0.95
+    stability_score_offset: float = 1.0
+    box_nms_thresh: float = 0.7
+    min_mask_region_area: int = 0
+    mask_threshold: float = 0.0
+
+
+def build_point_grid(n: int) -> np.ndarray:
+    """``(n*n, 2)`` cell-centre points ``(x, y)`` in ``[0, 1]``, x varying fastest."""
+    offset = 1.0 / (2 * n)
+    side = np.linspace(offset, 1 - offset, n)
+    xs = np.tile(side[None, :], (n, 1))
+    ys = np.tile(side[:, None], (1, n))
+    return np.stack([xs, ys], -1).reshape(-1, 2)
+
+
+def stability_score(logits: torch.Tensor, threshold: float, offset: float) -> torch.Tensor:
+    """IoU between the masks thresholded at ``threshold + offset`` and at
+    ``threshold - offset`` (SAM's stability score), over the last two axes.
+
+    The high mask is contained in the low one, so this is ``|high| / |low|``; an
+    empty low mask scores 0.
+    """
+    high = (logits > threshold + offset).flatten(-2).sum(-1, dtype=torch.int64)
+    low = (logits > threshold - offset).flatten(-2).sum(-1, dtype=torch.int64)
+    return torch.where(
+        low > 0, high / low.clamp(min=1), torch.zeros_like(high, dtype=torch.float64)
+    ).float()
+
+
+def masks_to_boxes_xyxy(masks: torch.Tensor) -> torch.Tensor:
+    """Tight ``[x1, y1, x2, y2]`` (exclusive x2/y2) of ``(N, H, W)`` boolean masks;
+    empty masks give ``[0, 0, 0, 0]``."""
+    if masks.numel() == 0:
+        return torch.zeros(0, 4)
+    n, h, w = masks.shape
+    cols, rows = masks.any(1), masks.any(2)
+    xs = torch.arange(w).expand(n, w)
+    ys = torch.arange(h).expand(n, h)
+    x1 = torch.where(cols, xs, w).amin(1)
+    x2 = torch.where(cols, xs, -1).amax(1) + 1
+    y1 = torch.where(rows, ys, h).amin(1)
+    y2 = torch.where(rows, ys, -1).amax(1) + 1
+    boxes = torch.stack([x1, y1, x2, y2], 1).float()
+    return torch.where(cols.any(1)[:, None], boxes, torch.zeros_like(boxes))
+
+
+def remove_small_regions(mask: np.ndarray, area_thresh: int, mode: str) -> tuple[np.ndarray, bool]:
+    """Remove ``holes`` or ``islands`` smaller than ``area_thresh`` px; ``(mask, changed)``."""
+    from scipy import ndimage
+
+    correct_holes = mode == "holes"
+    work = (~mask if correct_holes else mask).astype(bool)
+    labels, n = ndimage.label(work)
+    if n == 0:
+        return mask, False
+    sizes = np.bincount(labels.ravel())[1:]
+    small = np.flatnonzero(sizes < area_thresh) + 1
+    if small.size == 0:
+        return mask, False
+    if correct_holes:
+        fill = np.isin(labels, small)
+        return mask | fill, True
+    keep = [i + 1 for i in range(n) if i + 1 not in set(small.tolist())]
+    if not keep:  # keep the largest island rather than nothing
+        keep = [int(np.argmax(sizes)) + 1]
+    return np.isin(labels, keep), True
+
+
+class AutomaticMaskGenerator:
+    """Runs the AMG with one network; thread contract: one call at a time per instance."""
+
+    def __init__(self, net: PromptableSegmenter, device: torch.device | None = None) -> None:
+        self.net = net
+        self.device = device or torch.device("cpu")
+
+    def batches(self, config: AmgConfig) -> int:
+        """Number of prompt batches one image takes (the progress total per image)."""
+        n = config.points_per_side**2
+        return -(-n // config.points_per_batch)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        rgb: np.ndarray,
+        config: AmgConfig,
+        on_batch: Callable[[], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Mask records for the picture ``rgb`` ``(H, W, 3)`` uint8 (see module doc).
+
+        ``on_batch`` is called after each prompt batch (progress + cancellation hook;
+        it may raise to stop the run).
+        """
+        h, w = rgb.shape[:2]
+        size = self.net.input_size
+        pic, scale = letterbox(rgb, size)
+        x = torch.from_numpy(pic).permute(2, 0, 1)[None].float().div(255).to(self.device)
+        features = self.net.embed(x)
+        valid_h, valid_w = max(1, round(h * scale)), max(1, round(w * scale))
+        points = build_point_grid(config.points_per_side) * np.array([w, h])
+        kept_masks: list[torch.Tensor] = []
+        kept_iou: list[torch.Tensor] = []
+        kept_stab: list[torch.Tensor] = []
+        kept_pts: list[torch.Tensor] = []
+        for start in range(0, len(points), config.points_per_batch):
+            pts = torch.from_numpy(points[start : start + config.points_per_batch]).float()
+            logits, iou = self.net.predict_points(features, (pts * scale).to(self.device))
+            logits, iou = logits.float().cpu(), iou.float().cpu()
+            k = logits.shape[1]
+            logits = logits.flatten(0, 1)
+            iou = iou.flatten()
+            pts_rep = pts.repeat_interleave(k, 0)
+            keep = iou > config.pred_iou_thresh
+            if keep.any():
+                logits = logits[keep][:, :valid_h, :valid_w]
+                if (valid_h, valid_w) != (h, w):
+                    logits = F.interpolate(
+                        logits[:, None], size=(h, w), mode="bilinear", align_corners=False
+                    )[:, 0]
+                stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)
+                good = stab > config.stability_score_thresh
+                masks = logits[good] > config.mask_threshold
+                nonempty = masks.flatten(1).any(1)
+                kept_masks.append(masks[nonempty])
+                kept_iou.append(iou[keep][good][nonempty])
+                kept_stab.append(stab[good][nonempty])
+                kept_pts.append(pts_rep[keep][good][nonempty])
+            if on_batch is not None:
+                on_batch()
+        if not kept_masks:
+            return []
+        masks = torch.cat(kept_masks)
+        ious, stabs, pts_all = torch.cat(kept_iou), torch.cat(kept_stab), torch.cat(kept_pts)
+        order = nms(masks_to_boxes_xyxy(masks), ious, config.box_nms_thresh)
+        masks, ious, stabs, pts_all = masks[order], ious[order], stabs[order], pts_all[order]
+        if config.min_mask_region_area > 0 and len(masks):
+            masks, ious, stabs, pts_all = self._postprocess_small_regions(
+                masks, ious, stabs, pts_all, config
+            )
+        boxes = masks_to_boxes_xyxy(masks)
+        records = []
+        for m, b, i, s, p in zip(masks, boxes, ious, stabs, pts_all, strict=True):
+            x1, y1, x2, y2 = (int(v) for v in b.tolist())
+            records.append(
+                {
+                    "segmentation": m.numpy(),
+                    "area": int(m.sum()),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "predicted_iou": round(float(i), 6),
+                    "stability_score": round(float(s), 6),
+                    "point_coords": [[round(float(p[0]), 2), round(float(p[1]), 2)]],
+                }
+            )
+        return records
+
+    @staticmethod
+    def _postprocess_small_regions(
+        masks: torch.Tensor,
+        ious: torch.Tensor,
+        stabs: torch.Tensor,
+        pts: torch.Tensor,
+        config: AmgConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        cleaned, unchanged = [], []
+        for m in masks.numpy():
+            m, holes = remove_small_regions(m, config.min_mask_region_area, "holes")
+            m, islands = remove_small_regions(m, config.min_mask_region_area, "islands")
+            cleaned.append(m)
+            unchanged.append(0.0 if (holes or islands) else 1.0)
+        new = torch.from_numpy(np.stack(cleaned))
+        nonempty = new.flatten(1).any(1)
+        new, ious, stabs, pts = new[nonempty], ious[nonempty], stabs[nonempty], pts[nonempty]
+        scores = torch.tensor(unchanged)[nonempty]
+        order = nms(masks_to_boxes_xyxy(new), scores, config.box_nms_thresh)
+        order = order[torch.argsort(-ious[order], stable=True)]
+        return new[order], ious[order], stabs[order], pts[order]

@@ -1,0 +1,255 @@
+"""SAM_AMG: automatic mask generation served by our small SAM-shaped segmenter.
+
+Input: PNG/JPEG images (RGB, any size). Output ``data`` for one image::
+
+    {"width": W, "height": H,
+     "masks": [{"segmentation": <see below>, "area": int, "bbox": [x, y, w, h],
+                "predicted_iou": float, "stability_score": float,
+                "point_coords": [[x, y]]}, ...],       # decreasing predicted_iou
+     "overlay": "<base64 PNG>"}                         # only if return_overlay
+
+``segmentation`` depends on ``output_mode``:
+
+* ``"uncompressed_rle"`` (default, COCO's uncompressed RLE as SAM emits it):
+  ``{"size": [H, W], "counts": [n0, n1, ...]}`` - run lengths of the mask read in
+  column-major (Fortran) order, starting with a run of zeros (possibly 0);
+* ``"binary_mask_png"``: a base64 PNG, 8-bit grey, 255 inside the mask, 0 outside.
+
+Several images give ``{"results": [that object, ...]}``. Progress is reported as prompt
+batches done / total over the whole request, and cancellation is checked between
+batches (a cancelled run raises :class:`RunCancelled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InputDecodeError,
+    Model,
+    ModelLoadError,
+    RunContext,
+)
+from mortred_twisted.models.classification.weights import (
+    load_state,
+    load_verified_checkpoint,
+    option,
+    resolve_device,
+    resolve_path,
+)
+from mortred_twisted.models.codec import decode_image, png_base64
+from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.segment_anything.network import PromptableSegmenter
+
+MODEL_TYPE = "SAM_AMG"
+DEFAULT_WEIGHTS = "weights/perception/sam_shapes.pt"
+OUTPUT_MODES = ("uncompressed_rle", "binary_mask_png")
+
+
+def mask_to_rle(mask: np.ndarray) -> dict[str, Any]:
+    """COCO uncompressed RLE of a boolean ``(H, W)`` mask (column-major runs)."""
+    h, w = mask.shape
+    flat = mask.T.reshape(-1).astype(np.int8)
+    change = np.flatnonzero(np.diff(flat)) + 1
+    bounds = np.concatenate([[0], change, [flat.size]])
+    counts = np.diff(bounds).tolist()
+    if flat.size and flat[0] == 1:
+        counts = [0, *counts]
+    return {"size": [int(h), int(w)], "counts": [int(c) for c in counts]}
+
+
+def rle_to_mask(rle: Mapping[str, Any]) -> np.ndarray:
+    """Inverse of :func:`mask_to_rle`."""
+    h, w = rle["size"]
+    flat = np.zeros(h * w, dtype=bool)
+    pos, value = 0, False
+    for count in rle["counts"]:
+        flat[pos : pos + count] = value
+        pos += count
+        value = not value
+    return flat.reshape(w, h).T
+
+
+PALETTE = np.array(
+    [
+        [230, 25, 75],
+        [60, 180, 75],
+        [255, 225, 25],
+        [0, 130, 200],
+        [245, 130, 48],
+        [145, 30, 180],
+        [70, 240, 240],
+        [240, 50, 230],
+        [210, 245, 60],
+        [250, 190, 212],
+    ],
+    dtype=np.float32,
+)
+
+
+def overlay(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.55) -> np.ndarray:
+    """The picture with each mask tinted a palette colour (largest first, so small
+    masks stay visible on top)."""
+    out = rgb.astype(np.float32).copy()
+    order = sorted(range(len(masks)), key=lambda i: -int(masks[i].sum()))
+    for rank, i in enumerate(order):
+        colour = PALETTE[rank % len(PALETTE)]
+        m = masks[i]
+        out[m] = (1 - alpha) * out[m] + alpha * colour
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+_AMG_KEYS = {f.name for f in fields(AmgConfig)}
+
+
+class SamAmgModel(Model):
+    """One worker's automatic mask generator (the network may be shared, read-only)."""
+
+    params_schema: Sequence[ParamSpec] = (
+        ParamSpec(
+            "points_per_side",
+            int,
+            minimum=1,
+            maximum=64,
+            description="prompt grid is points_per_side^2 points",
+        ),
+        ParamSpec(
+            "points_per_batch",
+            int,
+            minimum=1,
+            maximum=4096,
+            description="prompts decoded per batch (one progress step each)",
+        ),
+        ParamSpec("pred_iou_thresh", float, minimum=0.0, maximum=1.0),
+        ParamSpec("stability_score_thresh", float, minimum=0.0, maximum=1.0),
+        ParamSpec("stability_score_offset", float, minimum=0.0, maximum=100.0),
+        ParamSpec("box_nms_thresh", float, minimum=0.0, maximum=1.0),
+        ParamSpec("min_mask_region_area", int, minimum=0, maximum=1 << 24),
+        ParamSpec("output_mode", str, default="uncompressed_rle", choices=OUTPUT_MODES),
+        ParamSpec(
+            "return_overlay",
+            bool,
+            default=False,
+            description="also return a colourised overlay PNG (base64)",
+        ),
+    )
+
+    def __init__(self, generator: AutomaticMaskGenerator, config: AmgConfig) -> None:
+        self.generator = generator
+        self.config = config
+
+    def _config(self, params: Mapping[str, Any]) -> AmgConfig:
+        return replace(self.config, **{k: v for k, v in params.items() if k in _AMG_KEYS})
+
+    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        """Generate masks for every image; progress per prompt batch; cancellable."""
+        if not request.images:
+            raise InputDecodeError("no image in request")
+        pictures = [decode_image(img) for img in request.images]
+        config = self._config(request.params)
+        total = self.generator.batches(config) * len(pictures)
+        done = 0
+        ctx.progress(0, total)
+        ctx.check_cancelled()
+
+        def on_batch() -> None:
+            nonlocal done
+            done += 1
+            ctx.progress(done, total)
+            ctx.check_cancelled()
+
+        results = []
+        for rgb in pictures:
+            records = self.generator.generate(rgb, config, on_batch)
+            results.append(self._format(rgb, records, request.params))
+        return results[0] if len(results) == 1 else {"results": results}
+
+    @staticmethod
+    def _format(
+        rgb: np.ndarray, records: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        mode = params.get("output_mode", "uncompressed_rle")
+        masks = [r["segmentation"] for r in records]
+        out_records = []
+        for r in records:
+            seg = r["segmentation"]
+            encoded = (
+                mask_to_rle(seg)
+                if mode == "uncompressed_rle"
+                else png_base64(seg.astype(np.uint8) * 255)
+            )
+            out_records.append({**r, "segmentation": encoded})
+        data: dict[str, Any] = {
+            "width": int(rgb.shape[1]),
+            "height": int(rgb.shape[0]),
+            "masks": out_records,
+        }
+        if params.get("return_overlay"):
+            data["overlay"] = png_base64(overlay(rgb, masks))
+        return data
+
+
+def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
+    """The generator's defaults from the model config (C++ key names)."""
+    defaults = AmgConfig()
+    values: dict[str, Any] = {}
+    for f in fields(AmgConfig):
+        kind = type(getattr(defaults, f.name))
+        values[f.name] = option(options, f.name, getattr(defaults, f.name), kind)
+    config = AmgConfig(**values)
+    if config.points_per_side < 1 or config.points_per_batch < 1 or config.min_mask_region_area < 0:
+        raise ModelLoadError(
+            "points_per_side and points_per_batch must be >= 1, min_mask_region_area >= 0"
+        )
+    for key in ("pred_iou_thresh", "stability_score_thresh", "box_nms_thresh"):
+        if not 0.0 <= getattr(config, key) <= 1.0:
+            raise ModelLoadError(f"{key} must lie in [0, 1]")
+    return config
+
+
+_SHARED: dict[tuple[str, str], PromptableSegmenter] = {}
+
+
+def build_network(arch: Mapping[str, Any]) -> PromptableSegmenter:
+    """The network described by a checkpoint's ``arch`` keywords."""
+    try:
+        return PromptableSegmenter(**dict(arch))
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"bad SAM architecture in weights: {exc}") from exc
+
+
+def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
+    """Load verified weights; AMG defaults from ``options`` (see :class:`AmgConfig`).
+
+    Options: ``model_weights_path``, ``device``, ``points_per_side``,
+    ``points_per_batch``, ``pred_iou_thresh``, ``stability_score_thresh``,
+    ``stability_score_offset``, ``box_nms_thresh``, ``min_mask_region_area``.
+    """
+    weights = resolve_path(
+        root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
+    )
+    device = resolve_device(options.get("device", "cpu"))
+    config = amg_config_from_options(options)
+    key = (str(weights), str(device))
+    if key not in _SHARED:
+        checkpoint = load_verified_checkpoint(weights, MODEL_TYPE)
+        net = build_network(checkpoint["arch"])
+        load_state(net, checkpoint, weights)
+        _SHARED[key] = net.to(device)
+    return SamAmgModel(AutomaticMaskGenerator(_SHARED[key], device), config)
+
+
+def load_for_eval(net: PromptableSegmenter, **overrides: Any) -> SamAmgModel:
+    """A model around an in-memory network (training and evaluation scripts)."""
+    return SamAmgModel(AutomaticMaskGenerator(net.eval()), replace(AmgConfig(), **overrides))
+
+
+_ = torch  # torch is this family's runtime; imported for the device types above
