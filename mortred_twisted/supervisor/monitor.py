@@ -46,7 +46,7 @@ def http_prober(http: Any, clock: IReactorTime, timeout: float = 2.0) -> Prober:
     """A prober: GET ``url`` → True on HTTP 200 within ``timeout`` seconds."""
 
     def probe(url: str) -> defer.Deferred[bool]:
-        d = http.get(url, timeout=timeout, reactor=clock, persistent=False)
+        d = http.get(url, timeout=timeout, reactor=clock)
 
         def done(response: Any) -> defer.Deferred[bool]:
             ok = response.code == 200
@@ -109,6 +109,7 @@ class ManagedServer:
         self._restart_call: IDelayedCall | None = None
         self._kill_call: IDelayedCall | None = None
         self._stopping = False
+        self._start_after_stop = False
         self._ready_waiters: list[defer.Deferred[bool]] = []
         self._stop_waiters: list[defer.Deferred[None]] = []
 
@@ -148,7 +149,10 @@ class ManagedServer:
             waiter.callback(True)
             return waiter
         self._ready_waiters.append(waiter)
-        if self.state in ("starting", "running") or self._stopping:
+        if self._stopping:
+            self._start_after_stop = True
+            return waiter
+        if self.state in ("starting", "running"):
             return waiter
         self.tracker.reset()
         self.error = None
@@ -218,7 +222,9 @@ class ManagedServer:
         handle = self._handle
         if handle is None or self._stopping:
             return
-        self.prober(self.probe_url).addCallback(self._probed, handle)
+        d = defer.maybeDeferred(self.prober, self.probe_url)
+        d.addErrback(lambda f: (log.failure("probe {url}", f, url=self.probe_url), False)[1])
+        d.addCallback(self._probed, handle)
 
     def _probed(self, ok: bool, handle: ChildHandle) -> None:
         if handle is not self._handle or self._stopping:
@@ -255,11 +261,14 @@ class ManagedServer:
         self.logs.note(status.describe())
         if self._stopping:
             self._stopping = False
-            self._set_stopped()
+            start_again, self._start_after_stop = self._start_after_stop, False
+            self.state = "stopped"
+            if not start_again:
+                self._fire_ready(False)
             waiters, self._stop_waiters = self._stop_waiters, []
             for w in waiters:
-                w.callback(None)
-            if self._ready_waiters:  # a start() arrived while stopping
+                w.callback(None)  # restart() calls start() from here
+            if start_again and self._handle is None and self.state == "stopped":
                 self.tracker.reset()
                 self._spawn()
             return

@@ -177,3 +177,27 @@ def test_supervisor_concurrency_and_shutdown_order() -> None:
     assert sp.children[0].signals == ["TERM"] and order == ["A", "B", "C"]
     sp.children[0].exit(signal=15)
     assert order == ["A", "B", "C", "gateway"] and done == [None]
+
+
+def test_restart_with_slow_exit_spawns_once() -> None:
+    """restart() of a child that exits after a while spawns exactly one new child."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    sp.exit_on_term = False
+    s = server("A", clock, sp, pr)
+    s.start()
+    s.restart()
+    assert len(sp.children) == 1 and sp.children[0].signals == ["TERM"]
+    sp.children[0].exit(signal=15)
+    assert len(sp.children) == 2 and s.restart_count == 1 and s.state == "starting"
+
+
+def test_start_while_stopping_starts_after_exit() -> None:
+    """A start() that arrives during a stop waits for the exit, then spawns once."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    sp.exit_on_term = False
+    s = server("A", clock, sp, pr)
+    s.start()
+    s.stop()
+    result = fired(s.start())
+    sp.children[0].exit(signal=15)
+    assert len(sp.children) == 2 and s.state == "starting" and result == []

@@ -1,0 +1,236 @@
+"""The supervisor's Klein edge: REST under ``/api/v1/`` and the web UI at ``/``.
+
+Everything but ``GET /api/v1/health`` and the static UI files needs
+``Authorization: Bearer <MORTRED_API_TOKEN>`` (401 + WWW-Authenticate otherwise).
+Server actions answer 202 at once with the new state; clients follow
+``/api/v1/status``. The infer/jobs proxy talks to a model process directly with the
+internal token (it is the operator's try-it path, not the public one) and rewrites
+job URLs to ``/api/v1/jobs/<id>/<job>``. Reactor thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+from pathlib import Path
+from typing import Any
+
+from klein import Klein
+from prometheus_client import CollectorRegistry
+from twisted.internet import defer
+
+from mortred_twisted.config.catalog import Catalog
+from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
+from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
+from mortred_twisted.supervisor.metrics import render
+from mortred_twisted.supervisor.monitor import Supervisor
+
+JSON = b"application/json; charset=utf-8"
+STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
+_JOB_PART = ("", "/wait", "/result")
+
+
+def _json(request: Any, status: int, doc: Any) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", JSON)
+    request.setHeader(b"Cache-Control", b"no-store")
+    return json.dumps(doc).encode("utf-8")
+
+
+class SupervisorApi:
+    """Routes of one supervisor; collaborators injected, no global reactor."""
+
+    app = Klein()
+
+    def __init__(
+        self,
+        *,
+        supervisor: Supervisor,
+        catalog: Catalog,
+        api_token: str,
+        registry: CollectorRegistry,
+        proxy: UpstreamClient,
+        internal_token: str = "",
+        static_dir: Path = STATIC,
+    ) -> None:
+        self.supervisor = supervisor
+        self.catalog = catalog
+        self.api_token = api_token
+        self.registry = registry
+        self.proxy = proxy
+        self.internal_token = internal_token
+        self.static_dir = static_dir.resolve()
+
+    def resource(self) -> Any:
+        return self.app.resource()
+
+    def _authorized(self, request: Any) -> bool:
+        if not self.api_token:
+            return True  # only reachable on loopback: the tap refuses otherwise
+        return token_matches(bearer_token(request.getHeader(b"authorization")), self.api_token)
+
+    def _deny(self, request: Any) -> bytes:
+        request.setHeader(b"WWW-Authenticate", WWW_AUTHENTICATE.encode())
+        return _json(request, 401, {"error": "unauthorized"})
+
+    # -- public -----------------------------------------------------------------------
+
+    @app.route("/api/v1/health", methods=["GET"])
+    def health(self, request: Any) -> bytes:
+        return _json(request, 200, {"status": "ok"})
+
+    @app.route("/", methods=["GET"])
+    def index(self, request: Any) -> bytes:
+        return self._static(request, "index.html")
+
+    @app.route("/ui/<path:name>", methods=["GET"])
+    def static(self, request: Any, name: str) -> bytes:
+        return self._static(request, name)
+
+    def _static(self, request: Any, name: str) -> bytes:
+        path = (self.static_dir / name).resolve()
+        if not path.is_relative_to(self.static_dir) or not path.is_file():
+            return _json(request, 404, {"error": f"not found: {name}"})
+        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        request.setHeader(b"Content-Type", ctype.encode())
+        request.setHeader(b"Cache-Control", b"no-cache")
+        return path.read_bytes()
+
+    # -- management ---------------------------------------------------------------------
+
+    @app.route("/api/v1/catalog", methods=["GET"])
+    def catalog_view(self, request: Any) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        return _json(request, 200, {"servers": [e.to_json() for e in self.catalog.values()]})
+
+    @app.route("/api/v1/status", methods=["GET"])
+    def status(self, request: Any) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        return _json(request, 200, {"servers": self.supervisor.status()})
+
+    @app.route("/api/v1/servers/<server_id>", methods=["GET"])
+    def server(self, request: Any, server_id: str) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        s = self.supervisor.get(server_id)
+        if s is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        doc = s.status()
+        entry = self.catalog.get(server_id)
+        if entry is not None:
+            doc["catalog"] = entry.to_json()
+        return _json(request, 200, doc)
+
+    @app.route("/api/v1/servers/<server_id>/<action>", methods=["POST"])
+    def action(self, request: Any, server_id: str, action: str) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        s = self.supervisor.get(server_id)
+        if s is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        if action not in ("start", "stop", "restart"):
+            return _json(request, 404, {"error": f"unknown action: {action}"})
+        d = getattr(s, action)()
+        d.addErrback(lambda f: None)  # outcomes are visible in status and logs
+        return _json(request, 202, {"id": server_id, "action": action, **s.status()})
+
+    @app.route("/api/v1/servers/<server_id>/logs", methods=["GET"])
+    def logs(self, request: Any, server_id: str) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        s = self.supervisor.get(server_id)
+        if s is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        try:
+            raw_offset = request.args.get(b"offset", [b""])[0]
+            offset = int(raw_offset) if raw_offset else None
+            limit = min(5000, int(request.args.get(b"limit", [b"200"])[0]))
+        except ValueError:
+            return _json(request, 400, {"error": "offset and limit must be integers"})
+        return _json(request, 200, {"id": server_id, **s.logs.read(offset, limit).to_json()})
+
+    @app.route("/api/v1/metrics", methods=["GET"])
+    def metrics(self, request: Any) -> bytes:
+        if not self._authorized(request):
+            return self._deny(request)
+        request.setHeader(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8")
+        return render(self.registry)
+
+    # -- try-it proxy -------------------------------------------------------------------
+
+    @app.route("/api/v1/infer", methods=["POST"])
+    def infer(self, request: Any) -> Any:
+        """``{"server_id", "async"?: bool, images, params?, req_id?}`` → the model's
+        sync route, or its ``/jobs`` when ``async`` is true."""
+        if not self._authorized(request):
+            return self._deny(request)
+        try:
+            doc = json.loads(request.content.read() or b"{}")
+            if not isinstance(doc, dict):
+                raise ValueError("expected a JSON object")
+        except ValueError as exc:
+            return _json(request, 400, {"error": f"invalid JSON: {exc}"})
+        server_id = doc.pop("server_id", None)
+        use_async = bool(doc.pop("async", False))
+        entry = self.catalog.get(server_id) if isinstance(server_id, str) else None
+        if entry is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        path = "/jobs" if use_async else entry.server_uri
+        body = json.dumps(doc).encode("utf-8")
+        return defer.Deferred.fromCoroutine(
+            self._proxy(request, "POST", entry.base_url + path, server_id, body)
+        )
+
+    @app.route("/api/v1/jobs/<server_id>/<job>", methods=["GET"])
+    def job(self, request: Any, server_id: str, job: str) -> Any:
+        return self._job(request, server_id, job, "")
+
+    @app.route("/api/v1/jobs/<server_id>/<job>/<part>", methods=["GET"])
+    def job_part(self, request: Any, server_id: str, job: str, part: str) -> Any:
+        return self._job(request, server_id, job, "/" + part)
+
+    def _job(self, request: Any, server_id: str, job: str, part: str) -> Any:
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None or part not in _JOB_PART or not job.replace("_", "").isalnum():
+            return _json(request, 404, {"error": "not found"})
+        query = request.uri.partition(b"?")[2].decode("latin-1")
+        url = f"{entry.base_url}/jobs/{job}{part}" + (f"?{query}" if query else "")
+        return defer.Deferred.fromCoroutine(self._proxy(request, "GET", url, server_id, None))
+
+    async def _proxy(
+        self, request: Any, method: str, url: str, server_id: str, body: bytes | None
+    ) -> bytes:
+        headers: dict[bytes, list[bytes]] = {b"content-type": [b"application/json"]}
+        if self.internal_token:
+            headers[b"authorization"] = [b"Bearer " + self.internal_token.encode()]
+        try:
+            response = await self.proxy.request(method, url, headers, body)
+        except UpstreamError as e:
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+        request.setResponseCode(response.code)
+        for name in (b"content-type", b"retry-after", b"x-request-id"):
+            values = response.headers.getRawHeaders(name)
+            if values and values != [b""]:
+                request.responseHeaders.setRawHeaders(name, values)
+        out = response.body
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            return out
+        if isinstance(doc, dict):
+            prefix = f"/api/v1/jobs/{server_id}/"
+            changed = False
+            for key in ("poll_url", "result_url"):
+                value = doc.get(key)
+                if isinstance(value, str) and value.startswith("/jobs/"):
+                    doc[key] = prefix + value[len("/jobs/") :]
+                    changed = True
+            if changed:
+                out = json.dumps(doc).encode("utf-8")
+        return out

@@ -1,0 +1,246 @@
+"""``twistd -n mortred-supervisor``: the whole control plane (entry point).
+
+Starts the management API (``[supervisor] api_host:api_port``), then the gateway and
+the autostart models as child processes. Tokens come from the environment or are
+generated once per boot and printed with the URLs to call:
+
+* ``MORTRED_API_TOKEN``: this API and the web UI;
+* ``MORTRED_GATEWAY_AUTH_TOKEN``: gateway inference (passed to the gateway child);
+* ``MORTRED_INTERNAL_TOKEN``: gateway → models (models get it as ``MORTRED_AUTH_TOKEN``).
+
+SIGTERM / Ctrl-C: models are stopped (SIGTERM, then SIGKILL after the grace), then
+the gateway, then the supervisor exits; twistd waits on :meth:`stopService`.
+This is the one place that falls back to the global reactor.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import treq
+from treq.client import HTTPClient
+from twisted.application import internet, service
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.server import Site
+
+from mortred_twisted.config.catalog import Catalog, build_catalog
+from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
+from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.gateway.upstream import UpstreamClient
+from mortred_twisted.http.auth import is_loopback_host
+from mortred_twisted.http.supervisor_api import SupervisorApi
+from mortred_twisted.supervisor.logs import LogBuffer
+from mortred_twisted.supervisor.metrics import supervisor_registry
+from mortred_twisted.supervisor.monitor import (
+    ManagedServer,
+    Supervisor,
+    Timing,
+    http_prober,
+)
+from mortred_twisted.supervisor.policy import RestartTracker
+from mortred_twisted.supervisor.process import ReactorSpawner, gateway_spec, model_spec
+
+log = Logger()
+
+
+class Options(usage.Options):
+    """Command line of ``twistd mortred-supervisor``."""
+
+    optParameters = [
+        ["config", "c", "conf/mortred.toml", "Control-plane config (conf/mortred.toml)."],
+        ["api-host", None, None, "Management API host (overrides [supervisor] api_host)."],
+        ["api-port", None, None, "Management API port (overrides [supervisor] api_port)."],
+        ["gateway-port", None, None, "Gateway port (overrides [gateway] port)."],
+        ["autostart", None, None, "Comma-separated ids to start (default: per config)."],
+    ]
+    optFlags = [
+        ["no-gateway", None, "Do not run the gateway."],
+        ["no-autostart", None, "Start no model at boot (the gateway still starts)."],
+    ]
+
+    def postOptions(self) -> None:
+        for key in ("api-port", "gateway-port"):
+            if self[key] is not None:
+                try:
+                    self[key] = int(self[key])
+                except ValueError:
+                    raise usage.UsageError(f"--{key} must be an integer") from None
+
+
+def load_config(options: Options) -> ControlConfig:
+    path = Path(options["config"])
+    config = load_control_config(path)
+    sup: dict[str, Any] = {}
+    gw: dict[str, Any] = {}
+    if options["api-host"] is not None:
+        sup["api_host"] = options["api-host"]
+    if options["api-port"] is not None:
+        sup["api_port"] = options["api-port"]
+    if options["gateway-port"] is not None:
+        gw["port"] = options["gateway-port"]
+    if options["no-gateway"]:
+        gw["enabled"] = False
+    return with_overrides(config, supervisor=sup, gateway=gw)
+
+
+def autostart_ids(options: Options, catalog: Catalog) -> list[str]:
+    if options["no-autostart"]:
+        return []
+    if options["autostart"]:
+        wanted = [x.strip() for x in options["autostart"].split(",") if x.strip()]
+        unknown = [x for x in wanted if x not in catalog]
+        if unknown:
+            raise usage.UsageError(f"--autostart: unknown id(s): {', '.join(unknown)}")
+        return wanted
+    return [e.id for e in catalog.enabled() if e.autostart]
+
+
+class SupervisorService(service.MultiService):
+    """API port + children. ``stopService`` returns the Deferred of the ordered stop."""
+
+    def __init__(self, supervisor: Supervisor, autostart: list[str], banner: str) -> None:
+        super().__init__()
+        self.supervisor = supervisor
+        self.autostart = autostart
+        self.banner = banner
+
+    def startService(self) -> None:
+        super().startService()
+        print(self.banner, flush=True)
+        d = self.supervisor.start_all(self.autostart)
+        d.addCallback(lambda r: log.info("autostart finished: {r}", r=r))
+
+    def stopService(self) -> Any:
+        log.info("stopping models, then the gateway")
+        d = self.supervisor.stop_all()
+        d.addBoth(lambda _: service.MultiService.stopService(self))
+        return d
+
+
+def build_service(options: Options, reactor: Any, env: dict[str, str]) -> SupervisorService:
+    try:
+        config = load_config(options)
+        catalog = build_catalog(config)
+    except ConfigErrors as exc:
+        raise usage.UsageError(str(exc)) from None
+    autostart = autostart_ids(options, catalog)
+    sup = config.supervisor
+    generated: list[str] = []
+
+    def token(name: str) -> str:
+        value = env.get(name, "")
+        if not value:
+            value = secrets.token_urlsafe(24)
+            generated.append(f"  {name}={value}")
+        return value
+
+    api_token = token("MORTRED_API_TOKEN")
+    gateway_token = token("MORTRED_GATEWAY_AUTH_TOKEN")
+    internal_token = env.get("MORTRED_INTERNAL_TOKEN") or secrets.token_urlsafe(24)
+    if not api_token and not is_loopback_host(sup.api_host):  # pragma: no cover
+        raise usage.UsageError("refusing a non-loopback API without MORTRED_API_TOKEN")
+
+    timing = Timing(
+        probe_interval=sup.probe_interval_ms / 1000.0,
+        ready_timeout=sup.ready_timeout_s,
+        grace=sup.stop_grace_s,
+    )
+    spawner = ReactorSpawner(reactor)
+    probe_pool = HTTPConnectionPool(reactor, persistent=False)
+    prober = http_prober(HTTPClient(Agent(reactor, pool=probe_pool)), reactor)
+    log_dir = config.path(sup.log_dir)
+    rotate = int(sup.log_rotate_mb * 1024 * 1024)
+
+    def managed(sid: str, kind: str, spec: Any, url: str, policy: str, cat: str) -> ManagedServer:
+        return ManagedServer(
+            sid,
+            kind=kind,
+            category=cat,
+            spec=spec,
+            probe_url=url,
+            tracker=RestartTracker(policy),
+            clock=reactor,
+            spawner=spawner,
+            prober=prober,
+            log_buffer=LogBuffer(
+                file_path=log_dir / f"{sid}.log", rotate_bytes=rotate, keep=sup.log_keep
+            ),
+            timing=timing,
+        )
+
+    models = [
+        managed(
+            e.id,
+            "model",
+            model_spec(e, config, internal_token, env),
+            f"{e.base_url}/ready",
+            e.restart_policy,
+            e.category,
+        )
+        for e in catalog.enabled()
+    ]
+    gateway = None
+    gw = config.gateway
+    if gw.enabled:
+        host = f"[{gw.host}]" if ":" in gw.host else gw.host
+        probe_host = "127.0.0.1" if gw.host in ("0.0.0.0", "") else host
+        gateway = managed(
+            "gateway",
+            "gateway",
+            gateway_spec(
+                config, auth_token=gateway_token, internal_token=internal_token, parent_env=env
+            ),
+            f"http://{probe_host}:{gw.port}/healthz",
+            sup.restart_policy if sup.restart_policy != "no" else "on-failure",
+            "control",
+        )
+    supervisor = Supervisor(models, gateway=gateway, start_concurrency=sup.start_concurrency)
+    proxy_pool = HTTPConnectionPool(reactor, persistent=True)
+    proxy = UpstreamClient(
+        treq.client.HTTPClient(Agent(reactor, pool=proxy_pool)),
+        reactor,
+        recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0,
+        pool=proxy_pool,
+    )
+    api = SupervisorApi(
+        supervisor=supervisor,
+        catalog=catalog,
+        api_token=api_token,
+        registry=supervisor_registry(supervisor),
+        proxy=proxy,
+        internal_token=internal_token,
+    )
+    site = Site(api.resource())
+    site.noisy = False
+    site.log = lambda request: None  # type: ignore[method-assign]
+    lines = [
+        "mortred control plane",
+        f"  supervisor + web UI: http://{sup.api_host}:{sup.api_port}/",
+    ]
+    if gateway is not None:
+        lines.append(f"  gateway:             http://{gw.host}:{gw.port}/v1/models/<id>/...")
+    lines.append(f"  models: {', '.join(e.id for e in catalog.enabled())}")
+    lines.append(f"  autostart: {', '.join(autostart) or '(none)'}")
+    if generated:
+        lines.append("  generated tokens (shown once; export them to keep them across restarts):")
+        lines.extend(generated)
+    svc = SupervisorService(supervisor, autostart, "\n".join(lines))
+    internet.TCPServer(sup.api_port, site, interface=sup.api_host).setServiceParent(svc)
+    return svc
+
+
+def makeService(options: Options) -> service.IService:
+    """twistd entry point: the global reactor is chosen here and nowhere else."""
+    from twisted.internet import reactor
+
+    try:
+        return build_service(options, reactor, dict(os.environ))
+    except usage.UsageError as exc:
+        print(f"mortred-supervisor: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
