@@ -1,0 +1,191 @@
+"""Measure the diffusion models' quality figures with the judge (one command).
+
+    .venv/bin/python -m training.diffusion.evaluate [--models DDPM,DDIM,CLS_COND_DDIM,LDM]
+        [--samples 200] [--seed 1234] [--threads 1] [--no-grid] [--no-record]
+
+Each model is built exactly as a server builds it (``conf/model/diffusion/<name>.toml``
+through the registry) and sampled through :meth:`Model.run` at its default schedule, so
+the figures describe what is served, PNG round trip included. Per model it prints the
+judge's mean top-1 confidence, the share of samples above 0.9, the class histogram and,
+for CLS_COND_DDIM, the agreement with the requested ``class_id`` (``samples / 10`` per
+class); for LDM also the autoencoder's held-out reconstruction error. It writes
+``docs/img/<model>_grid.png`` and stores the figures in the manifest (unless
+``--no-grid`` / ``--no-record``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import time
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mortred_twisted.models.base import InferenceRequest, RunContext
+from mortred_twisted.models.diffusion.judge import DigitJudge
+from mortred_twisted.models.diffusion.weights import load_network
+from mortred_twisted.models.registry import create_model
+from training.diffusion import common
+
+CONFIGS = {
+    "DDPM": "conf/model/diffusion/ddpm.toml",
+    "DDIM": "conf/model/diffusion/ddim.toml",
+    "CLS_COND_DDIM": "conf/model/diffusion/cls_cond_ddim.toml",
+    "LDM": "conf/model/diffusion/ldm.toml",
+}
+WEIGHTS_OF = {
+    "DDPM": "ddpm_unet.pt",
+    "DDIM": "ddpm_unet.pt",
+    "CLS_COND_DDIM": "cls_cond_unet.pt",
+    "LDM": "ldm_unet.pt",
+}
+
+
+def load_judge() -> DigitJudge:
+    net, _ = load_network(
+        common.WEIGHTS_DIR / "judge.pt",
+        kind="judge",
+        device=torch.device("cpu"),
+        build=lambda e: DigitJudge(**e["arch"]),
+    )
+    return net  # type: ignore[return-value]
+
+
+def decode_pngs(images: Sequence[str]) -> np.ndarray:
+    out = []
+    for b64 in images:
+        with Image.open(io.BytesIO(base64.b64decode(b64))) as img:
+            out.append(np.asarray(img.convert("L"), dtype=np.float32) / 255.0)
+    return np.stack(out)
+
+
+@torch.no_grad()
+def judge_scores(judge: DigitJudge, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(predicted class, top-1 probability)`` for ``(N, H, W)`` pixels in [0, 1]."""
+    x = torch.from_numpy(pixels).unsqueeze(1) * 2.0 - 1.0
+    probs = torch.softmax(judge(x), dim=1)
+    conf, pred = probs.max(dim=1)
+    return pred.numpy(), conf.numpy()
+
+
+def save_grid(pixels: np.ndarray, path: str, cols: int = 10, scale: int = 3) -> None:
+    n = (len(pixels) // cols) * cols
+    rows = n // cols
+    h, w = pixels.shape[1:]
+    grid = np.zeros((rows * (h + 1) + 1, cols * (w + 1) + 1), dtype=np.uint8) + 64
+    for i in range(n):
+        r, c = divmod(i, cols)
+        tile = (pixels[i] * 255).round().astype(np.uint8)
+        grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = tile
+    img = Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), 0)
+    (common.ROOT / path).parent.mkdir(parents=True, exist_ok=True)
+    img.save(common.ROOT / path)
+    print(f"wrote {path}")
+
+
+def evaluate_model(
+    name: str, samples: int, seed: int, batch: int, judge: DigitJudge, grid: bool
+) -> dict[str, Any]:
+    options = tomllib.loads((common.ROOT / CONFIGS[name]).read_text())
+    model = create_model(name, options, common.ROOT)
+    jobs: list[dict[str, Any]] = []
+    if name == "CLS_COND_DDIM":
+        per_class = max(1, samples // 10)
+        for cls in range(10):
+            for start in range(0, per_class, batch):
+                n = min(batch, per_class - start)
+                jobs.append({"class_id": cls, "num_images": n, "seed": seed + 100 * cls + start})
+    else:
+        for start in range(0, samples, batch):
+            jobs.append({"num_images": min(batch, samples - start), "seed": seed + start})
+    pixels, requested = [], []
+    steps = 0
+    begin = time.monotonic()
+    for i, params in enumerate(jobs):
+        req = model.validate(InferenceRequest(req_id=f"eval-{i}", params=params))
+        data = model.run(req, RunContext())
+        steps = data["steps"]
+        pixels.append(decode_pngs(data["images"]))
+        requested += [params.get("class_id", -1)] * len(data["images"])
+    seconds = time.monotonic() - begin
+    px = np.concatenate(pixels)
+    pred, conf = judge_scores(judge, px)
+    hist = np.bincount(pred, minlength=10).tolist()
+    fig: dict[str, Any] = {
+        "samples": len(px),
+        "steps": steps,
+        "seed": seed,
+        "mean_confidence": round(float(conf.mean()), 4),
+        "share_confidence_above_0.9": round(float((conf > 0.9).mean()), 4),
+        "class_histogram": hist,
+        "classes_present": int(sum(1 for h in hist if h > 0)),
+        "sampling_seconds": round(seconds, 1),
+    }
+    if name == "CLS_COND_DDIM":
+        req = np.array(requested)
+        fig["agreement"] = round(float((pred == req).mean()), 4)
+        fig["per_class_agreement"] = [
+            round(float((pred[req == c] == c).mean()), 3) for c in range(10)
+        ]
+    if name == "LDM":
+        manifest = json.loads(common.MANIFEST.read_text())
+        ae_fig = manifest["files"]["ldm_autoencoder.pt"].get("figures", {})
+        fig["autoencoder_reconstruction_test"] = ae_fig.get("reconstruction_test")
+    if grid:
+        if name == "CLS_COND_DDIM":
+            per_class = len(px) // 10
+            order = [c * per_class + k for k in range(min(10, per_class)) for c in range(10)]
+            save_grid(px[order], f"docs/img/{name.lower()}_grid.png")
+        else:
+            save_grid(px[:100], f"docs/img/{name.lower()}_grid.png")
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default=",".join(CONFIGS))
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--grid",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write docs/img/<model>_grid.png",
+    )
+    parser.add_argument(
+        "--record",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="store the figures in weights/diffusion/manifest.json",
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    judge = load_judge()
+    results: dict[str, Any] = {}
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        fig = evaluate_model(name, args.samples, args.seed, args.batch, judge, args.grid)
+        results[name] = fig
+        print(f"{name}: {json.dumps(fig)}", flush=True)
+        if args.record:
+            manifest = json.loads(common.MANIFEST.read_text())
+            entry = manifest["files"][WEIGHTS_OF[name]]
+            entry.setdefault("figures", {})[name] = {
+                **fig,
+                "command": ".venv/bin/python -m training.diffusion.evaluate "
+                f"--models {name} --samples {args.samples} --seed {args.seed}",
+            }
+            common.MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
