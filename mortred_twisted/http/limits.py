@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.web.http import RESPONSES, Headers
 from twisted.web.server import Request, Site
 
@@ -42,6 +43,31 @@ class LimitedSite(Site):
         self.early_reject = early_reject
         self.access_log = access_log
         self.noisy = False
+        self._active: set[Request] = set()
+        self._idle_waiters: list[Deferred[None]] = []
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    def _track(self, request: Request) -> None:
+        self._active.add(request)
+        request.notifyFinish().addBoth(lambda _: self._untrack(request))
+
+    def _untrack(self, request: Request) -> None:
+        self._active.discard(request)
+        if not self._active:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for d in waiters:
+                d.callback(None)
+
+    def when_idle(self) -> Deferred[None]:
+        """Fires once no request is being processed (at once if none is)."""
+        if not self._active:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._idle_waiters.append(d)
+        return d
 
     def log(self, request) -> None:
         # Per-request access logging costs a lot on the reactor thread; metrics
@@ -80,6 +106,9 @@ class LimitedRequest(Request):
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._rejected:
             return
+        site = getattr(self.channel, "site", None)
+        if isinstance(site, LimitedSite):
+            site._track(self)
         super().requestReceived(command, path, version)
 
     def _reject(self, length: int) -> None:

@@ -92,6 +92,9 @@ class ServerMetrics:
             "mortred_workers_busy", "Model workers running a request or job.", registry=r
         )
         self.ready = Gauge("mortred_ready", "1 when the server accepts work, else 0.", registry=r)
+        self.async_waiters = Gauge(
+            "mortred_async_waiters", "Long-polls (/jobs/{id}/wait) parked right now.", registry=r
+        )
         self.wait_wakeups = Counter(
             "mortred_async_wait_wakeups",
             "Long-polls answered, by reason (terminal, budget, immediate).",
@@ -106,12 +109,14 @@ class ServerMetrics:
         workers_available: Callable[[], float],
         workers_busy: Callable[[], float],
         ready: Callable[[], float],
+        waiters: Callable[[], float],
     ) -> None:
         """Make gauges read live values at scrape time (no bookkeeping to drift)."""
         self.async_queue_depth.set_function(queue_depth)
         self.workers_available.set_function(workers_available)
         self.workers_busy.set_function(workers_busy)
         self.ready.set_function(ready)
+        self.async_waiters.set_function(waiters)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

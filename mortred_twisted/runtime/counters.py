@@ -90,6 +90,11 @@ class NamedCounters:
         """How many counters are registered under ``name``."""
         return len(self._by_name.get(name, ()))
 
+    @property
+    def total_waiting(self) -> int:
+        """Counters registered under any name (parked long-polls, for the metrics)."""
+        return sum(len(q) for q in self._by_name.values())
+
     def __len__(self) -> int:
         """Number of names with at least one counter (for leak checks)."""
         return len(self._by_name)

@@ -77,6 +77,7 @@ class ModelRuntime:
             workers_available=lambda: self.workers.available if self.workers else 0,
             workers_busy=lambda: self.workers.busy if self.workers else 0,
             ready=lambda: 1.0 if self.ready else 0.0,
+            waiters=lambda: self.counters.total_waiting,
         )
 
     @property

@@ -20,8 +20,9 @@ import sys
 from typing import Any
 
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -32,10 +33,13 @@ from mortred_twisted.http.limits import LimitedSite
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.http.ratelimit import RateLimiter
 from mortred_twisted.metrics.server import ServerMetrics
+from mortred_twisted.runtime.deadline import within
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.runtime.threads import ModelThreadPool
 
 log = Logger()
+
+FLUSH_DELAY_S = 0.05
 
 
 class Options(usage.Options):
@@ -83,6 +87,7 @@ class ModelServerService(Service):
         self._grace_s = grace_s
         self._access_log = access_log
         self._port: Any = None
+        self._site: LimitedSite | None = None
         self.listening: Deferred[Any] = Deferred()
 
     def startService(self) -> None:
@@ -94,6 +99,7 @@ class ModelServerService(Service):
             self.app.early_reject,
             access_log=self._access_log,
         )
+        self._site = site
         host = cfg.host.replace(":", "\\:")
         endpoint = serverFromString(
             self._reactor, f"tcp:{cfg.port}:interface={host}:backlog={cfg.max_connections}"
@@ -134,11 +140,24 @@ class ModelServerService(Service):
         super().stopService()
         d = self.runtime.shutdown(self._grace_s)
 
+        def requests_answered(_: Any) -> Deferred[Any]:
+            # Every job is terminal now, so parked long-polls have their answers;
+            # wait (bounded) until each in-flight response is written.
+            idle = self._site.when_idle() if self._site is not None else succeed(None)
+            return within(self._reactor, idle, self._grace_s, cancel_on_expiry=False)
+
+        def flushed(_: Any) -> Deferred[None]:
+            # One short pause lets the transports flush what was just written
+            # before the reactor drops every connection at shutdown.
+            return deferLater(self._reactor, FLUSH_DELAY_S, lambda: None)
+
         def close_port(_: Any) -> Any:
             if self._port is not None:
                 return self._port.stopListening()
             return None
 
+        d.addBoth(requests_answered)
+        d.addBoth(flushed)
         d.addBoth(close_port)
         return d
 
