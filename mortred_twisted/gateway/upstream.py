@@ -80,6 +80,15 @@ class _QuietFactory(_HTTP11ClientFactory):
     noisy = False
 
 
+def _cancelled(failure: Any) -> bool:
+    """True for a cancellation, bare or wrapped the way the Agent reports it
+    (``ResponseNeverReceived([CancelledError])`` and friends)."""
+    if failure.check(defer.CancelledError):
+        return True
+    reasons = getattr(failure.value, "reasons", None) or []
+    return any(r.check(defer.CancelledError) for r in reasons)
+
+
 def make_http_client(
     reactor: Any, *, max_persistent_per_host: int = 64, connect_timeout_s: float = 30.0
 ) -> tuple[HTTPClient, HTTPConnectionPool]:
@@ -158,15 +167,11 @@ class UpstreamClient:
                 raise UpstreamTimeout(
                     f"upstream did not answer within {self.recv_timeout_s * 1000:.0f} ms"
                 )
-            if failure.check(defer.CancelledError):
-                return failure  # the client went away; nothing to answer
+            if _cancelled(failure):
+                # The caller cancelled (the client went away): nothing to answer.
+                raise defer.CancelledError()
             if failure.check(*_UNAVAILABLE):
                 raise UpstreamUnavailable(f"model not running ({failure.value})")
-            # ResponseNeverReceived & co. wrap the reason in a list of failures.
-            reasons = getattr(failure.value, "reasons", None) or []
-            for reason in reasons:
-                if reason.check(defer.CancelledError) and timed_out[0]:
-                    raise UpstreamTimeout("upstream timed out")
             raise UpstreamTransportError(
                 f"upstream transport failure: {failure.getErrorMessage() or failure.type.__name__}"
             )

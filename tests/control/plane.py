@@ -167,6 +167,7 @@ def control_plane(
     *,
     extra_toml: str = "",
     env: Mapping[str, str] | None = None,
+    recv_timeout_ms: int = 180000,
 ) -> Iterator[ControlPlane]:
     """Start a supervisor that runs the gateway and ``models`` (others disabled)."""
     entries, problems = discover(ROOT / "conf" / "server", ROOT)
@@ -185,7 +186,7 @@ def control_plane(
         "[gateway]",
         f"port = {gw_port}",
         f'api_keys = "{tmp / "api_keys.toml"}"',
-        "upstream_recv_timeout_ms = 180000",
+        f"upstream_recv_timeout_ms = {recv_timeout_ms}",
     ]
     for e in entries:
         lines.append(f"[servers.{e.id}]")

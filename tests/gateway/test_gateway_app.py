@@ -10,6 +10,8 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseNeverReceived
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.gateway.access import AccessPolicy
@@ -213,6 +215,37 @@ def test_reload_keys_replaces_ring() -> None:
         ].code
         == 200
     )
+
+
+class HangsThenWrappedCancel:
+    """Like the real Agent: a cancelled request fails with ResponseNeverReceived."""
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        def cancel(d: defer.Deferred[Any]) -> None:
+            d.errback(ResponseNeverReceived([Failure(defer.CancelledError())]))
+
+        return defer.Deferred(cancel)
+
+
+def test_wrapped_cancel_is_a_cancel_not_502() -> None:
+    """A cancel reported as ResponseNeverReceived([CancelledError]) stays a cancel."""
+    h = Harness(upstream_http=HangsThenWrappedCancel())
+    d = h.upstream.request("GET", "http://127.0.0.1:18100/jobs/x/wait", {})
+    failures: list[Any] = []
+    d.addErrback(failures.append)
+    d.cancel()
+    assert failures[0].check(defer.CancelledError)
+
+
+def test_wrapped_cancel_on_deadline_is_504() -> None:
+    """The same wrapped cancel caused by the receive deadline is a 504."""
+    h = Harness(upstream_http=HangsThenWrappedCancel(), recv_timeout_s=1)
+    r: list[Any] = []
+    h.client.get("http://gw/v1/models/ASYNC/jobs/job_known", headers=AUTH).addBoth(r.append)
+    h.flush()
+    h.clock.advance(1)
+    h.flush()
+    assert r[0].code == 504
 
 
 class Refusing:

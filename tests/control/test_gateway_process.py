@@ -1,0 +1,137 @@
+"""The gateway as a real process: key reload on SIGHUP, limits, timeouts, disconnects.
+
+One control plane with ``FAKE_ASYNC`` and a gateway whose ``upstream_recv_timeout_ms``
+is 1.5 s (so the 504 path is quick) and whose key file the tests rewrite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mortred_twisted.gateway.apikeys import hash_key
+
+from .plane import ControlPlane, control_plane, wait_until
+
+pytestmark = pytest.mark.slow
+
+MODEL = "FAKE_ASYNC"
+JOBS = f"/v1/models/{MODEL}/jobs"
+BODY = {"images": ["aGk="], "params": {"delay_ms": 4000}}
+
+
+def key_file(path: Path, *keys: tuple[str, str, float]) -> None:
+    path.write_text(
+        "".join(
+            f'[[keys]]\nname = "{name}"\nsha256 = "{hash_key(key)}"\nrate_limit_qps = {qps}\n'
+            for name, key, qps in keys
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    tmp: Path = tmp_path_factory.mktemp("gwproc")
+    key_file(tmp / "api_keys.toml", ("old", "key-old", 0), ("slow", "key-slow", 1))
+    env = {"MORTRED_METRICS_TOKEN": "metrics"}
+    with control_plane(tmp, [MODEL], env=env, recv_timeout_ms=1500) as cp:
+        cp.tmp = tmp  # type: ignore[attr-defined]
+        cp.wait_ready(["gateway", MODEL])
+        yield cp
+
+
+def metric(plane: ControlPlane, name: str) -> float:
+    code, _, body, _ = plane.gw("GET", "/metrics", token="metrics")
+    assert code == 200
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_api_key_and_rate_limit(plane: ControlPlane) -> None:
+    """A key from conf/api_keys.toml works; a 1 qps key gets 429 with Retry-After."""
+    assert plane.gw("GET", f"{JOBS}/job_x", token="key-old")[0] == 404  # routed: model's 404
+    plane.gw("GET", f"{JOBS}/job_x", token="key-slow")
+    code, headers, _, _ = plane.gw("GET", f"{JOBS}/job_x", token="key-slow")
+    assert code == 429 and headers["retry-after"] == "1"
+
+
+def test_sighup_reloads_keys_without_dropping_requests(plane: ControlPlane) -> None:
+    """After SIGHUP the new key works and the removed one is 401; a wait in flight survives."""
+    _, _, body, _ = plane.gw("POST", JOBS, body=BODY)
+    job = json.loads(body)["job_id"]
+    result: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(
+            plane.gw("GET", f"{JOBS}/{job}/wait?timeout=1000", token="key-old")[0]
+        )
+    )
+    waiter.start()
+    key_file(plane.tmp / "api_keys.toml", ("new", "key-new", 0))  # type: ignore[attr-defined]
+    os.kill(plane.status()["gateway"]["pid"], signal.SIGHUP)
+    wait_until(lambda: plane.gw("GET", f"{JOBS}/job_x", token="key-new")[0] == 404, 10, "reload")
+    assert plane.gw("GET", f"{JOBS}/job_x", token="key-old")[0] == 401
+    waiter.join(10)
+    assert result == [200]
+    assert plane.status()["gateway"]["restart_count"] == 0
+
+
+def test_body_over_limit_is_413_without_forwarding(plane: ControlPlane) -> None:
+    """A Content-Length over request_size_limit_mb is refused right after the headers."""
+    with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
+        s.sendall(
+            f"POST {JOBS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer e2e-gateway-token\r\n"
+            "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n".encode()
+        )
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 413")
+
+
+def test_upstream_slower_than_recv_timeout_is_504(plane: ControlPlane) -> None:
+    """A wait budget above upstream_recv_timeout_ms is cut by the gateway with 504."""
+    code, _, body, _ = plane.gw("POST", JOBS, body=BODY)
+    job = json.loads(body)["job_id"]
+    code, _, body, took = plane.gw("GET", f"{JOBS}/{job}/wait?timeout=30000")
+    assert code == 504 and 1.4 < took < 5
+
+
+def test_client_disconnect_cancels_upstream(plane: ControlPlane) -> None:
+    """A client that hangs up during a long wait releases the gateway's upstream request."""
+    _, _, body, _ = plane.gw("POST", JOBS, body=BODY)
+    job = json.loads(body)["job_id"]
+    with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
+        s.sendall(
+            f"GET {JOBS}/{job}/wait?timeout=60000 HTTP/1.1\r\nHost: x\r\n"
+            "Authorization: Bearer e2e-gateway-token\r\n\r\n".encode()
+        )
+        wait_until(lambda: metric(plane, "mortred_gateway_inflight_requests") >= 1, 10, "in flight")
+    # Well before the 1.5 s upstream deadline: the hang-up itself ended the forward.
+    wait_until(lambda: metric(plane, "mortred_gateway_inflight_requests") == 0, 1.0, "cancel")
+    assert metric(plane, 'mortred_gateway_requests_total{route="jobs_wait",status="499"}') >= 1
+
+
+def test_stopped_model_is_503_then_back(plane: ControlPlane) -> None:
+    """With the model stopped the gateway answers 503; after start it routes again."""
+    assert plane.api("POST", f"/api/v1/servers/{MODEL}/stop")[0] == 202
+    wait_until(lambda: plane.status()[MODEL]["state"] == "stopped", 30, "stopped")
+    code, _, body, _ = plane.gw("GET", f"{JOBS}/job_x")
+    assert code == 503 and MODEL in json.loads(body)["error"]
+    assert plane.api("POST", f"/api/v1/servers/{MODEL}/start")[0] == 202
+    plane.wait_ready([MODEL])
+    assert plane.gw("GET", f"{JOBS}/job_x")[0] == 404
+
+
+def test_logs_follow_and_files(plane: ControlPlane) -> None:
+    """The model's log is served by offset and written under log_dir."""
+    code, _, body, _ = plane.api("GET", f"/api/v1/servers/{MODEL}/logs?offset=0&limit=1000")
+    page: dict[str, Any] = json.loads(body)
+    assert code == 200 and any("[supervisor] started pid" in x for x in page["lines"])
+    assert (plane.log_dir / f"{MODEL}.log").stat().st_size > 0
