@@ -1,0 +1,174 @@
+"""mortredctl against a scripted HTTP server (stdlib, in a thread): output and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from mortred_twisted.cli.mortredctl import main
+
+STATUS = {
+    "servers": [
+        {
+            "id": "gateway",
+            "kind": "gateway",
+            "state": "running",
+            "ready": True,
+            "pid": 10,
+            "restart_count": 0,
+            "last_exit": None,
+            "error": None,
+        },
+        {
+            "id": "DDPM",
+            "kind": "model",
+            "state": "failed",
+            "ready": False,
+            "pid": None,
+            "restart_count": 5,
+            "last_exit": {"text": "exited with code 1"},
+            "error": "crash loop: 5 restarts in 60 s",
+        },
+    ]
+}
+
+
+class Scripted(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, str, Any]] = []
+    polls = 0
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def reply(self, code: int, doc: Any) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def handle_any(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        auth = self.headers.get("Authorization", "")
+        Scripted.seen.append((method, self.path, auth, body))
+        if auth not in ("Bearer mgmt", "Bearer gw"):
+            return self.reply(401, {"error": "unauthorized"})
+        p = self.path
+        if p == "/api/v1/status":
+            return self.reply(200, STATUS)
+        if p == "/api/v1/servers/DDPM/restart":
+            return self.reply(202, {"id": "DDPM", "state": "stopped", "pid": None})
+        if p.startswith("/api/v1/servers/DDPM/logs"):
+            return self.reply(200, {"lines": ["a", "b"], "next_offset": 2})
+        if p == "/api/v1/infer":
+            return self.reply(202 if body.get("async") else 200,
+                              {"job_id": "job_1", "state": "pending",
+                               "poll_url": "/api/v1/jobs/DDPM/job_1"})  # fmt: skip
+        if p.startswith("/v1/models/DDPM/jobs/job_1/wait") or p.startswith(
+            "/api/v1/jobs/DDPM/job_1/wait"
+        ):
+            Scripted.polls += 1
+            state = "done" if Scripted.polls >= 3 else "running"
+            return self.reply(200, {"job_id": "job_1", "state": state,
+                                    "elapsed_ms": 100 * Scripted.polls})  # fmt: skip
+        if p.endswith("/job_1/result"):
+            return self.reply(200, {"code": 0, "msg": "success", "data": {}})
+        if p == "/api/v1/servers/NOPE/start":
+            return self.reply(404, {"error": "unknown server: NOPE"})
+        return self.reply(404, {"error": "not found"})
+
+    def do_GET(self) -> None:
+        self.handle_any("GET")
+
+    def do_POST(self) -> None:
+        self.handle_any("POST")
+
+
+@pytest.fixture()
+def server() -> Iterator[str]:
+    Scripted.seen = []
+    Scripted.polls = 0
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def run(addr: str, *argv: str, token: str = "mgmt") -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(["--addr", addr, "--token", token, *argv], out=out)
+    return code, out.getvalue()
+
+
+def test_status_table(server: str) -> None:
+    """status prints one row per server with state, readiness and the error."""
+    code, text = run(server, "status")
+    assert code == 0
+    assert "DDPM" in text and "failed" in text and "crash loop" in text and "gateway" in text
+
+
+def test_restart_and_logs(server: str) -> None:
+    """restart POSTs the action; logs prints the lines."""
+    assert run(server, "restart", "DDPM")[0] == 0
+    assert ("POST", "/api/v1/servers/DDPM/restart", "Bearer mgmt", None) in Scripted.seen
+    code, text = run(server, "logs", "DDPM")
+    assert code == 0 and text == "a\nb\n"
+
+
+def test_errors_exit_1_and_usage_exit_2(server: str) -> None:
+    """HTTP errors and a wrong token exit 1; a bad command line exits 2."""
+    assert run(server, "start", "NOPE")[0] == 1
+    assert run(server, "status", token="wrong")[0] == 1
+    assert run("http://127.0.0.1:1", "status")[0] == 1
+    with pytest.raises(SystemExit) as e:
+        main(["bogus"])
+    assert e.value.code == 2
+    assert run(server, "infer", "DDPM", "--params", "{not json")[0] == 2
+
+
+def test_jobs_submit_wait_result_via_supervisor(server: str, tmp_path: Any) -> None:
+    """submit sends the image as base64; wait long-polls until done; result prints it."""
+    img = tmp_path / "x.png"
+    img.write_bytes(b"pixels")
+    code, text = run(server, "jobs", "submit", "DDPM", "--image", str(img),
+                     "--params", '{"timesteps": 10}')  # fmt: skip
+    assert code == 0 and json.loads(text)["job_id"] == "job_1"
+    body = Scripted.seen[-1][3]
+    assert body == {"server_id": "DDPM", "async": True, "images": ["cGl4ZWxz"],
+                    "params": {"timesteps": 10}}  # fmt: skip
+    code, text = run(server, "jobs", "wait", "/api/v1/jobs/DDPM/job_1", "-q")
+    assert code == 0 and json.loads(text)["state"] == "done" and Scripted.polls == 3
+    code, text = run(server, "jobs", "result", "/api/v1/jobs/DDPM/job_1")
+    assert code == 0 and json.loads(text)["code"] == 0
+
+
+def test_gateway_job_url_needs_gateway(server: str) -> None:
+    """A /v1/models job URL uses the gateway address and token."""
+    assert run(server, "jobs", "result", "/v1/models/DDPM/jobs/job_1")[0] == 2
+    code, _ = run(server, "--gateway", server, "--gateway-token", "gw",
+                  "jobs", "result", "/v1/models/DDPM/jobs/job_1")  # fmt: skip
+    assert code == 0 and Scripted.seen[-1][2] == "Bearer gw"
+
+
+def test_keys_new_prints_matching_hash() -> None:
+    """keys new prints a key and an api_keys.toml entry with its sha256."""
+    import hashlib
+    import tomllib
+
+    out = io.StringIO()
+    assert main(["keys", "new", "--name", "ci", "--qps", "5"], out=out) == 0
+    first, _, entry = out.getvalue().partition("\n")
+    key = first.rsplit(" ", 1)[1]
+    doc = tomllib.loads(entry)
+    assert doc["keys"][0]["sha256"] == hashlib.sha256(key.encode()).hexdigest()
+    assert doc["keys"][0]["rate_limit_qps"] == 5
