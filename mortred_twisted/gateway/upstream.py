@@ -89,14 +89,20 @@ def _cancelled(failure: Any) -> bool:
     return any(r.check(defer.CancelledError) for r in reasons)
 
 
+def quiet_pool(reactor: Any, *, persistent: bool = True) -> HTTPConnectionPool:
+    """An ``HTTPConnectionPool`` that does not log every connection it opens."""
+    pool = HTTPConnectionPool(reactor, persistent=persistent)
+    pool._factory = _QuietFactory  # type: ignore[attr-defined]
+    return pool
+
+
 def make_http_client(
     reactor: Any, *, max_persistent_per_host: int = 64, connect_timeout_s: float = 30.0
 ) -> tuple[HTTPClient, HTTPConnectionPool]:
     """A treq client over a persistent pool bound to ``reactor``."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = quiet_pool(reactor)
     pool.maxPersistentPerHost = max_persistent_per_host
     pool.cachedConnectionTimeout = 120
-    pool._factory = _QuietFactory  # type: ignore[attr-defined]
     agent = Agent(reactor, pool=pool, connectTimeout=connect_timeout_s)
     return HTTPClient(agent), pool
 

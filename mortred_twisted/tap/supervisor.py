@@ -26,13 +26,13 @@ from treq.client import HTTPClient
 from twisted.application import internet, service
 from twisted.logger import Logger
 from twisted.python import usage
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 from twisted.web.server import Site
 
 from mortred_twisted.config.catalog import Catalog, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.gateway.upstream import UpstreamClient
+from mortred_twisted.gateway.upstream import UpstreamClient, quiet_pool
 from mortred_twisted.http.auth import is_loopback_host
 from mortred_twisted.http.supervisor_api import SupervisorApi
 from mortred_twisted.supervisor.logs import LogBuffer
@@ -152,7 +152,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         grace=sup.stop_grace_s,
     )
     spawner = ReactorSpawner(reactor)
-    probe_pool = HTTPConnectionPool(reactor, persistent=False)
+    probe_pool = quiet_pool(reactor, persistent=False)
     prober = http_prober(HTTPClient(Agent(reactor, pool=probe_pool)), reactor)
     log_dir = config.path(sup.log_dir)
     rotate = int(sup.log_rotate_mb * 1024 * 1024)
@@ -201,7 +201,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             "control",
         )
     supervisor = Supervisor(models, gateway=gateway, start_concurrency=sup.start_concurrency)
-    proxy_pool = HTTPConnectionPool(reactor, persistent=True)
+    proxy_pool = quiet_pool(reactor)
     proxy = UpstreamClient(
         treq.client.HTTPClient(Agent(reactor, pool=proxy_pool)),
         reactor,
@@ -230,6 +230,10 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
     if generated:
         lines.append("  generated tokens (shown once; export them to keep them across restarts):")
         lines.extend(generated)
+        if "MORTRED_API_TOKEN" not in env:
+            lines.append(
+                f"  web UI sign-in link: http://{sup.api_host}:{sup.api_port}/#token={api_token}"
+            )
     svc = SupervisorService(supervisor, autostart, "\n".join(lines))
     internet.TCPServer(sup.api_port, site, interface=sup.api_host).setServiceParent(svc)
     return svc
