@@ -1,0 +1,93 @@
+"""Speed of the perception models on this CPU: latency per image, throughput with and
+without dynamic batching (``run_batch``: many requests, one forward pass).
+
+Command (about a minute; prints a markdown table)::
+
+    .venv/bin/python bench/perception_speed.py [--threads 1] [--repeats 30] [--batch 8]
+
+Models are built from the shipped configs (verified weights) and called in-process,
+so the figures are the model's share of a request (no HTTP). Inputs are the demo
+pictures under ``demo_data/perception/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E402
+from mortred_twisted.models.registry import create_model  # noqa: E402
+
+MODELS = {
+    "MOBILENETV2": ("conf/model/classification/mobilenetv2.toml", "digit_canvas_3.png"),
+    "YOLOV8": ("conf/model/object_detection/yolov8.toml", "scene_1.png"),
+    "SAM_AMG": ("conf/model/segment_anything/sam_amg.toml", "scene_1.png"),
+}
+
+
+def _request(image: bytes, i: int) -> InferenceRequest:
+    return InferenceRequest(req_id=f"bench-{i}", images=(image,))
+
+
+def bench(model_type: str, repeats: int, batch: int) -> dict[str, float]:
+    """Median latency (ms) of one request, and images/s one by one and batched."""
+    config, picture = MODELS[model_type]
+    options = tomllib.loads((ROOT / config).read_text("utf-8"))
+    model = create_model(model_type, options, ROOT)
+    image = (ROOT / "demo_data" / "perception" / picture).read_bytes()
+    request = model.validate(_request(image, 0))
+    model.run(request, RunContext())  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.run(request, RunContext())
+        times.append(time.perf_counter() - start)
+    out = {
+        "latency_ms": statistics.median(times) * 1000,
+        "seq_img_s": 1.0 / statistics.mean(times),
+    }
+    if model_type != "SAM_AMG":
+        reqs = [model.validate(_request(image, i)) for i in range(batch)]
+        ctxs = [RunContext() for _ in reqs]
+        model.run_batch(reqs, ctxs)
+        rounds = max(1, repeats // 2)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            model.run_batch(reqs, ctxs)
+        out["batched_img_s"] = rounds * batch / (time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}\n")
+    print(
+        "| model | latency / image (median ms) | throughput, one by one (img/s) "
+        f"| throughput, batched x{args.batch} (img/s) |"
+    )
+    print("|---|---|---|---|")
+    for name in args.models.split(","):
+        r = bench(
+            name, args.repeats if name != "SAM_AMG" else max(3, args.repeats // 10), args.batch
+        )
+        batched = f"{r['batched_img_s']:.0f}" if "batched_img_s" in r else "n/a (async job)"
+        print(f"| {name} | {r['latency_ms']:.1f} | {r['seq_img_s']:.1f} | {batched} |")
+
+
+if __name__ == "__main__":
+    main()
