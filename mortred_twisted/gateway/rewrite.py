@@ -31,6 +31,8 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
     """A job body (submit 202, poll/wait 200) with ``poll_url``/``result_url``
     rewritten; byte for byte unchanged when it is not a JSON object or holds nothing
     to rewrite."""
+    if b"/jobs/" not in body:
+        return body  # the common poll answer: nothing to rewrite, skip the JSON round trip
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -202,8 +202,8 @@ class GatewayApp:
             self.metrics.upstream_latency.labels(label).observe(elapsed_ms)
         request.setResponseCode(response.code)
         for name, values in response.headers.getAllRawHeaders():
-            if name.lower() in _DROP_RESPONSE or values == [b""]:
-                continue  # treq's decoder agent leaves an empty Content-Encoding
+            if name.lower() in _DROP_RESPONSE:
+                continue
             request.responseHeaders.setRawHeaders(name, values)
         body = response.body
         if route.kind is RouteKind.SUBMIT and response.code == 202:

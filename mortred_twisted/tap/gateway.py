@@ -34,7 +34,7 @@ from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.gateway.ratelimit import RateLimiter
 from mortred_twisted.gateway.site import GatewaySite
-from mortred_twisted.gateway.upstream import UpstreamClient, make_http_client
+from mortred_twisted.gateway.upstream import UpstreamClient, make_agent
 from mortred_twisted.http.gateway import GatewayApp
 
 log = Logger()
@@ -134,13 +134,13 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     )
     if policy.open:
         log.warn("gateway is OPEN: no MORTRED_GATEWAY_AUTH_TOKEN and no API keys (loopback)")
-    http, pool = make_http_client(
+    agent, pool = make_agent(
         reactor,
         max_persistent_per_host=gw.max_persistent_per_host,
         connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
     )
     upstream = UpstreamClient(
-        http, reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, pool=pool
+        agent, reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, pool=pool
     )
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))

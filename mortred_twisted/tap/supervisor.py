@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import treq
 from treq.client import HTTPClient
 from twisted.application import internet, service
 from twisted.logger import Logger
@@ -203,7 +202,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
     supervisor = Supervisor(models, gateway=gateway, start_concurrency=sup.start_concurrency)
     proxy_pool = quiet_pool(reactor)
     proxy = UpstreamClient(
-        treq.client.HTTPClient(Agent(reactor, pool=proxy_pool)),
+        Agent(reactor, pool=proxy_pool),
         reactor,
         recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0,
         pool=proxy_pool,

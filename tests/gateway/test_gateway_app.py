@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -21,6 +21,9 @@ from mortred_twisted.gateway.upstream import UpstreamClient
 from mortred_twisted.http.gateway import GatewayApp
 
 from .fakes import FakeModel
+
+# The in-memory transport of RequestTraversalAgent has no abortConnection.
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport")
 
 TOKEN = "gw-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -46,18 +49,18 @@ class Harness:
                 ),
             ]
         )
-        self.up_async = StubTreq(self.model.resource())
-        self.up_sync = StubTreq(self.sync.resource())
+        self.up_async = RequestTraversalAgent(self.model.resource())
+        self.up_sync = RequestTraversalAgent(self.sync.resource())
         harness = self
 
         class Router:
             """Dispatches to the fake by host, like the pool would by address."""
 
-            def request(self, method: str, url: str, **kw: Any) -> Any:
+            def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
                 if upstream_http is not None:
-                    return upstream_http.request(method, url, **kw)
-                stub = harness.up_sync if "127.0.0.2" in url else harness.up_async
-                return stub.request(method, url, **kw)
+                    return upstream_http.request(method, url, *a, **kw)
+                stub = harness.up_sync if b"127.0.0.2" in url else harness.up_async
+                return stub.request(method, url, *a, **kw)
 
         self.upstream = UpstreamClient(Router(), self.clock, recv_timeout_s=recv_timeout_s)
         self.policy = AccessPolicy(
@@ -220,7 +223,7 @@ def test_reload_keys_replaces_ring() -> None:
 class HangsThenWrappedCancel:
     """Like the real Agent: a cancelled request fails with ResponseNeverReceived."""
 
-    def request(self, method: str, url: str, **kw: Any) -> Any:
+    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
         def cancel(d: defer.Deferred[Any]) -> None:
             d.errback(ResponseNeverReceived([Failure(defer.CancelledError())]))
 
@@ -249,12 +252,12 @@ def test_wrapped_cancel_on_deadline_is_504() -> None:
 
 
 class Refusing:
-    def request(self, method: str, url: str, **kw: Any) -> Any:
+    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
         return defer.fail(ConnectionRefusedError("refused"))
 
 
 class Broken:
-    def request(self, method: str, url: str, **kw: Any) -> Any:
+    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
         return defer.fail(RuntimeError("connection reset"))
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from treq.testing import StubTreq
+import pytest
+from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
@@ -19,6 +20,9 @@ from mortred_twisted.supervisor.process import ProcessSpec
 
 from ..gateway.fakes import FakeModel
 from .fakes import FakeProber, FakeSpawner
+
+# The in-memory transport of RequestTraversalAgent has no abortConnection.
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport")
 
 AUTH = {"Authorization": "Bearer mgmt"}
 
@@ -47,7 +51,7 @@ class Harness:
         )
         self.supervisor = Supervisor([self.server])
         self.model = FakeModel()
-        self.upstream = StubTreq(self.model.resource())
+        self.upstream = RequestTraversalAgent(self.model.resource())
         api = SupervisorApi(
             supervisor=self.supervisor,
             catalog=self.catalog,

@@ -1,0 +1,194 @@
+"""Gateway overhead: the same calls direct to the model port and through the gateway.
+
+    .venv/bin/python bench/gateway_overhead.py [--server-cpus 0] [--client-cpus 1] \
+        [--duration 3] [--connections 1,16,64]
+
+Starts a fake model server (``fake_delay_ms = 0``, async on) and a gateway in front
+of it (``twistd -n mortred-gateway`` with a bearer token, an internal token and a
+persistent upstream pool), both pinned to ``--server-cpus`` with ``taskset``; the
+keep-alive asyncio client runs here, pinned to ``--client-cpus``. In one run, for each
+connection count, alternately direct and through the gateway:
+
+* ``GET /jobs/{id}`` of a done job (the poll path; the issue's target: added p50 ≤ 2 ms
+  and gateway throughput ≥ 60 % of direct);
+* ``POST <server_uri>`` sync infer with a zero-delay model.
+
+Prints a Markdown table (added p50/p99 = gateway minus direct; ratio = gateway
+throughput / direct throughput). Nothing here is a pass/fail test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.httpload import Connection, Stats, run_clients, timed  # noqa: E402
+from tests.support.servers import free_port, model_server  # noqa: E402
+
+TOKEN = "bench-gateway-token"
+INTERNAL = "bench-internal-token"
+BODY = json.dumps({"images": [base64.b64encode(b"bench").decode()]}).encode()
+JSON = {"Content-Type": "application/json"}
+
+SERVER_TOML = """[server]
+id = "BENCH"
+category = "bench"
+host = "127.0.0.1"
+port = {port}
+server_uri = "/infer"
+worker_nums = 2
+max_connections = 4096
+max_queue_depth = 4096
+async_enabled = true
+async_timeout = 0
+async_max_queue = 100000
+async_max_completed = 2000
+
+[model]
+type = "fake"
+fake_delay_ms = 0
+fake_steps = 1
+"""
+
+
+@contextmanager
+def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[int]:
+    """A gateway process for a one-entry catalog pointing at ``model_port``."""
+    catalog = tmp / "conf" / "server"
+    catalog.mkdir(parents=True)
+    (catalog / "bench.toml").write_text(SERVER_TOML.format(port=model_port))
+    port = free_port()
+    (tmp / "conf" / "mortred.toml").write_text(
+        f'[supervisor]\ncatalog_dir = "{catalog}"\n'
+        f'[gateway]\nport = {port}\napi_keys = "{tmp / "none.toml"}"\n'
+        "max_connections = 4096\nmax_persistent_per_host = 128\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MORTRED_")},
+        "PYTHONPATH": str(ROOT),
+        "MORTRED_GATEWAY_AUTH_TOKEN": TOKEN,
+        "MORTRED_INTERNAL_TOKEN": INTERNAL,
+    }
+    cmd = [
+        "taskset", "-c", cpus, sys.executable, "-m", "mortred_twisted.supervisor.launch",
+        "-n", "--pidfile=", "--logfile=-", "mortred-gateway",
+        "--config", str(tmp / "conf" / "mortred.toml"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    started = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "GatewaySite starting on" in line:
+                started.set()
+        started.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not started.wait(30) or proc.poll() is not None:
+            raise RuntimeError("gateway did not start")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def prepare_job(port: int) -> str:
+    conn = await Connection("127.0.0.1", port).open()
+    try:
+        resp = await conn.request(
+            "POST", "/jobs", BODY, {**JSON, "Authorization": f"Bearer {INTERNAL}"}
+        )
+        assert resp.status == 202, resp.body
+        job = resp.json()["job_id"]
+        resp = await conn.request("GET", f"/jobs/{job}/wait?timeout=10000",
+                                  headers={"Authorization": f"Bearer {INTERNAL}"})  # fmt: skip
+        assert resp.json()["state"] == "done"
+        return str(job)
+    finally:
+        await conn.close()
+
+
+async def load(port: int, method: str, path: str, token: str, clients: int, duration: float
+               ) -> Stats:  # fmt: skip
+    headers = {"Authorization": f"Bearer {token}", **(JSON if method == "POST" else {})}
+    body = BODY if method == "POST" else b""
+
+    async def step(conn: Connection) -> float:
+        latency, resp = await timed(conn, method, path, body, headers=headers)
+        assert resp.status == 200, (resp.status, resp.body[:200])
+        return latency
+
+    return await run_clients("127.0.0.1", port, clients, step, duration_s=duration)
+
+
+def row(name: str, clients: int, direct: Stats, via: Stats) -> str:
+    ratio = via.rate / direct.rate if direct.rate else float("nan")
+    return (
+        f"| {name} | {clients} | {direct.pct(50):.2f} / {direct.pct(99):.2f} | "
+        f"{via.pct(50):.2f} / {via.pct(99):.2f} | "
+        f"{via.pct(50) - direct.pct(50):+.2f} / {via.pct(99) - direct.pct(99):+.2f} | "
+        f"{direct.rate:.0f} | {via.rate:.0f} | {ratio:.0%} | {direct.errors + via.errors} |"
+    )
+
+
+async def scenario(model_port: int, gw_port: int, connections: list[int], duration: float
+                   ) -> list[str]:  # fmt: skip
+    job = await prepare_job(model_port)
+    direct_job, gw_job = f"/jobs/{job}", f"/v1/models/BENCH/jobs/{job}"
+    rows = []
+    for clients in connections:
+        for name, method, direct_path, gw_path in (
+            ("GET /jobs/{id}", "GET", direct_job, gw_job),
+            ("POST infer (0 ms model)", "POST", "/infer", "/v1/models/BENCH/infer"),
+        ):
+            await load(model_port, method, direct_path, INTERNAL, clients, 0.5)  # warm-up
+            await load(gw_port, method, gw_path, TOKEN, clients, 0.5)
+            direct = await load(model_port, method, direct_path, INTERNAL, clients, duration)
+            via = await load(gw_port, method, gw_path, TOKEN, clients, duration)
+            rows.append(row(name, clients, direct, via))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server-cpus", default="0")
+    ap.add_argument("--client-cpus", default="1")
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--connections", default="1,16,64")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
+    connections = [int(c) for c in args.connections.split(",")]
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        cfg = tmp / "model.toml"
+        cfg.write_text(SERVER_TOML.format(port=18199))
+        env = {"MORTRED_AUTH_TOKEN": INTERNAL}
+        with model_server(cfg, env=env, launcher=("taskset", "-c", args.server_cpus)) as srv, \
+                gateway(tmp / "gw", srv.port, args.server_cpus) as gw_port:  # fmt: skip
+            print(f"model :{srv.port}, gateway :{gw_port}, server cpus {args.server_cpus}, "
+                  f"client cpus {args.client_cpus}, {args.duration} s per cell\n")  # fmt: skip
+            print("| call | conns | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms "
+                  "| direct req/s | gateway req/s | ratio | errors |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|")
+            asyncio.run(scenario(srv.port, gw_port, connections, args.duration))
+
+
+if __name__ == "__main__":
+    main()
