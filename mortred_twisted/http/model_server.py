@@ -32,6 +32,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
 from mortred_twisted.http.envelope import parse_envelope, render_error, render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.fastpath import FastRoutes
 from mortred_twisted.http.limits import EarlyResponse
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.ratelimit import RateLimiter
@@ -109,6 +110,19 @@ class ModelServerApp:
         self.app.handle_errors(NotFound)(self._not_found)
 
     def resource(self) -> Any:
+        """The root resource: hot routes dispatched by hand, the rest by Klein."""
+        return FastRoutes(
+            self.app.resource(),
+            infer_path=self.config.server_uri.encode("utf-8"),
+            infer=self._instrumented("infer", self.infer),
+            submit=self._instrumented("jobs_submit", self.submit_job),
+            status=self._instrumented("jobs_status", self.job_status),
+            wait=self._instrumented("jobs_wait", self.job_wait),
+            result=self._instrumented("jobs_result", self.job_result),
+        )
+
+    def klein_resource(self) -> Any:
+        """Klein alone (every route through werkzeug), for comparison and tests."""
         return self.app.resource()
 
     @property
@@ -330,7 +344,11 @@ class ModelServerApp:
             return self._envelope_error(request, to_api_error(exc), req_id)
 
         def ok(result: Any) -> bytes:
-            return self._respond(request, 200, render_success(req_id, result.data_json), req_id)
+            timing = f"model;dur={result.run_ms:.3f}"
+            return self._respond(
+                request, 200, render_success(req_id, result.data_json), req_id,
+                {"Server-Timing": timing},
+            )  # fmt: skip
 
         def failed(failure: Any) -> bytes:
             api = to_api_error(failure.value)
@@ -392,6 +410,8 @@ class ModelServerApp:
             doc["progress"] = {"step": snap.progress[0], "total": snap.progress[1]}
         if snap.queued_ms is not None:
             doc["queued_ms"] = snap.queued_ms
+        if snap.completed_unix is not None:
+            doc["completed_at"] = round(snap.completed_unix, 6)
         doc["req_id"] = snap.task_id
         doc.update(self._job_urls(snap.job_id))
         return _json_bytes(doc)

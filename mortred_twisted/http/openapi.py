@@ -204,6 +204,10 @@ def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str
                         },
                         "elapsed_ms": {"type": "integer"},
                         "queued_ms": {"type": "integer"},
+                        "completed_at": {
+                            "type": "number",
+                            "description": "unix time of the terminal transition",
+                        },
                         "error": {"type": "string"},
                         "req_id": {"type": "string"},
                         "progress": {

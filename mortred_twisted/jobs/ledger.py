@@ -58,6 +58,7 @@ class JobSnapshot:
     error: str | None
     progress: tuple[int, int] | None
     queued_ms: int | None  # time from admission to running (None while pending)
+    completed_unix: float | None = None  # wall-clock time of the terminal transition
 
     @property
     def terminal(self) -> bool:
@@ -85,6 +86,7 @@ class ResultLookup:
 class _Job:
     __slots__ = (
         "completed_at",
+        "completed_unix",
         "created_at",
         "error",
         "job_id",
@@ -106,6 +108,7 @@ class _Job:
         self.created_at = now
         self.started_at: float | None = None
         self.completed_at: float | None = None
+        self.completed_unix: float | None = None
         self.progress: tuple[int, int] | None = None
 
 
@@ -119,7 +122,8 @@ class AsyncJobTable(Generic[RequestT]):
 
     ``max_queue`` bounds admitted non-terminal jobs (``<= 0`` admits nothing);
     ``job_ttl_ms`` (``0`` = keep until LRU) and ``max_completed`` govern retention of
-    terminal jobs. ``clock`` returns seconds (monotonic); tests inject one.
+    terminal jobs. ``clock`` returns seconds (monotonic; durations, retention);
+    ``wall_clock`` stamps ``completed_unix`` for clients. Tests inject both.
     """
 
     def __init__(
@@ -129,12 +133,14 @@ class AsyncJobTable(Generic[RequestT]):
         job_ttl_ms: int = 300_000,
         max_completed: int = 100,
         clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
         id_factory: Callable[[], str] = new_job_id,
     ) -> None:
         self._max_queue = max_queue
         self._ttl_s = job_ttl_ms / 1000.0
         self._max_completed = max_completed
         self._clock = clock
+        self._wall_clock = wall_clock
         self._id_factory = id_factory
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -208,6 +214,7 @@ class AsyncJobTable(Generic[RequestT]):
             job.result = result
             job.error = error
             job.completed_at = now
+            job.completed_unix = self._wall_clock()
             job.request = None  # never keep the payload of a finished job
             job.state = target  # publish after the payload is written
             self._depth -= 1  # exactly once: terminal states absorb
@@ -254,6 +261,7 @@ class AsyncJobTable(Generic[RequestT]):
             error=job.error,
             progress=job.progress,
             queued_ms=queued,
+            completed_unix=job.completed_unix,
         )
 
     def take_request(self, job_id: str) -> RequestT | None:

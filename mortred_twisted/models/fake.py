@@ -12,8 +12,8 @@ Selected with ``[model] type = "fake"``. Options (model TOML or ``[model]`` keys
 * ``fake_steps`` (int, default 10): progress steps reported per run; the
   cancellation flag is checked between steps.
 
-Request ``params``: ``delay_ms`` (0–600000) and ``mode`` override the options for
-one request; ``fail`` (bool) makes this run raise. Images are required (any bytes:
+Request ``params``: ``delay_ms`` (0–600000), ``mode`` and ``steps`` override the
+options for one request; ``fail`` (bool) makes this run raise. Images are required (any bytes:
 the fake does not decode pixels) and echoed as a digest, so results are
 deterministic functions of the request.
 """
@@ -49,6 +49,7 @@ class FakeModel(Model):
         ParamSpec("delay_ms", int, minimum=0, maximum=600_000, description="run time"),
         ParamSpec("mode", str, choices=MODES, description="how the run spends its time"),
         ParamSpec("fail", bool, description="raise instead of returning a result"),
+        ParamSpec("steps", int, minimum=1, maximum=10_000, description="progress steps"),
     )
 
     def __init__(self, delay_ms: int, mode: str, fail_every: int, steps: int) -> None:
@@ -65,12 +66,13 @@ class FakeModel(Model):
             run_number = self._runs
         delay_s = int(request.params.get("delay_ms", self.delay_ms)) / 1000.0
         mode = str(request.params.get("mode", self.mode))
-        step_s = delay_s / self.steps
-        for step in range(1, self.steps + 1):
+        steps = int(request.params.get("steps", self.steps))
+        step_s = delay_s / steps
+        for step in range(1, steps + 1):
             ctx.check_cancelled()
             if step_s > 0:
                 _spend(mode, step_s)
-            ctx.progress(step, self.steps)
+            ctx.progress(step, steps)
         if (
             mode == "fail"
             or request.params.get("fail")
@@ -86,7 +88,7 @@ class FakeModel(Model):
             "images": len(request.images),
             "digest": digest.hexdigest(),
             "params": dict(request.params),
-            "steps": self.steps,
+            "steps": steps,
         }
 
 

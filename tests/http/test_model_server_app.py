@@ -190,3 +190,27 @@ def test_not_ready_server_answers_503() -> None:
     assert code == 503 and ready["code"] == 65 and "weights missing" in ready["error"]
     code, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
     assert code == 503 and doc["code"] == 65
+
+
+def test_fast_routes_and_klein_answer_identically() -> None:
+    """The hand-dispatched hot routes give the same status and body as Klein's routing."""
+    app, clock, threads, fast = make_app()
+    klein = StubTreq(app.klein_resource())
+    _c, _h, doc = call(fast, "POST", "/jobs", {"images": [IMG], "req_id": "same"})
+    job = doc["job_id"]
+    clock.advance(0)
+    threads.step()
+    for method, url, body in [
+        ("GET", f"/jobs/{job}", None),
+        ("GET", f"/jobs/{job}/wait?timeout=5", None),
+        ("GET", f"/jobs/{job}/result", None),
+        ("GET", "/jobs/job_nope", None),
+        ("GET", "/jobs/job_nope/result", None),
+        ("GET", f"/jobs/{job}/wait?timeout=-3", None),
+        ("POST", "/infer", {"images": []}),
+        ("POST", "/jobs", {"nope": 1}),
+    ]:
+        fast_answer = call(fast, method, url, body)
+        klein_answer = call(klein, method, url, body)
+        assert fast_answer[0] == klein_answer[0], url
+        assert fast_answer[2] == klein_answer[2], url

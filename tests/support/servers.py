@@ -127,8 +127,13 @@ def model_server(
     env: Mapping[str, str] | None = None,
     args: tuple[str, ...] = (),
     wait_ready: bool = True,
+    launcher: tuple[str, ...] = (),
 ) -> Iterator[RunningServer]:
-    """Run ``twistd -n mortred-model --config <config>`` on a free port."""
+    """Run ``twistd -n mortred-model --config <config>`` on a free port.
+
+    ``env`` adds environment variables (``MORTRED_*`` overrides); ``launcher`` is a
+    command prefix such as ``("taskset", "-c", "0")``.
+    """
     port = free_port()
     plugins = plugin_path()
     child_env = {
@@ -144,6 +149,7 @@ def model_server(
     if not config_path.is_absolute():
         config_path = ROOT / config_path
     cmd = [
+        *launcher,  # e.g. ("taskset", "-c", "0") to pin the server for benchmarks
         sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
         "-n", "--pidfile=", "--logfile=-",
         "mortred-model", "--config", str(config_path), *args,
