@@ -23,7 +23,7 @@ class Fixed(Resource):
         super().__init__()
         self.body = body
 
-    def render_GET(self, request):  # noqa: N802 - twisted's naming
+    def render_GET(self, request):
         request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
         request.setHeader(b"Cache-Control", b"no-store")
         request.setHeader(b"Content-Length", str(len(self.body)).encode())

@@ -8,6 +8,7 @@ Latencies are measured per request with ``time.perf_counter``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -65,10 +66,8 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await self.writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
 
 
 @dataclass
