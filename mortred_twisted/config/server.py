@@ -47,7 +47,6 @@ class ServerConfig:
     max_queue_depth: int = 64
     max_batch_size: int = 1
     max_batch_delay_ms: float = 0.0
-    model_threads: int = 0  # torch intra-op threads per run; 0 = auto
     async_enabled: bool = False
     async_timeout: int = 600000
     async_max_queue: int = 8
@@ -82,7 +81,6 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "max_queue_depth": (int,),
         "max_batch_size": (int,),
         "max_batch_delay_ms": (int, float),
-        "model_threads": (int,),
         "async_enabled": (bool,),
         "async_timeout": (int,),
         "async_max_queue": (int,),
@@ -108,7 +106,6 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "max_queue_depth": (0, None),
     "max_batch_size": (1, 1024),
     "max_batch_delay_ms": (0, 10000),
-    "model_threads": (0, 256),
     "async_timeout": (0, None),
     # async_max_queue <= 0 is legal: it admits nothing (seed contract).
     "async_job_ttl": (0, None),
