@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.http.model_server import ModelServerApp
+from mortred_twisted.http.ratelimit import RateLimiter
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
 from mortred_twisted.runtime.model_runtime import ModelRuntime
@@ -20,7 +21,9 @@ from tests.fakes.threads import HandThreads
 IMG = base64.b64encode(b"pixels").decode()
 
 
-def make_app(**server: Any) -> tuple[ModelServerApp, Clock, HandThreads, StubTreq]:
+def make_app(
+    rate_limiter: RateLimiter | None = None, **server: Any
+) -> tuple[ModelServerApp, Clock, HandThreads, StubTreq]:
     doc = {
         "server": {"id": "T", "server_uri": "/infer", "worker_nums": 1, "async_enabled": True,
                    **server},
@@ -34,7 +37,7 @@ def make_app(**server: Any) -> tuple[ModelServerApp, Clock, HandThreads, StubTre
     )  # fmt: skip
     runtime.load_models()
     threads.step()
-    app = ModelServerApp(runtime)
+    app = ModelServerApp(runtime, rate_limiter=rate_limiter)
     return app, clock, threads, StubTreq(app.resource())
 
 
