@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 import random
 import threading
-import time
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
@@ -54,7 +53,7 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
                     accepted.append(job)
                 work.put(job)
             else:
-                time.sleep(0.0005)
+                stop.wait(0.0005)  # back off while full (returns early on stop)
 
     @guarded
     def runner(seed: int) -> None:
