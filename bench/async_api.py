@@ -72,8 +72,10 @@ def job_body(delay_ms: int, mode: str = "sleep", steps: int = 10) -> bytes:
 
 
 @contextmanager
-def server(cfg: Path, cpus: str):
-    with model_server(cfg, launcher=("taskset", "-c", cpus), args=("--grace", "0")) as srv:
+def server(cfg: Path, cpus: str, isolation: str = "thread"):
+    env = {"MORTRED_WORKER_ISOLATION": isolation}
+    launcher = ("taskset", "-c", cpus)
+    with model_server(cfg, env=env, launcher=launcher, args=("--grace", "0")) as srv:
         yield srv
 
 
@@ -185,14 +187,16 @@ def main() -> None:
     cfg.write_text(CONFIG)
     rows: list[str] = []
 
-    for label, mode in (
-        ("submit, pool idle (workers sleeping)", None),
-        ("submit, every worker on CPU-bound torch work", "cpu"),
-        ("submit, every worker on pure-Python (GIL-holding) work", "python"),
+    for label, mode, isolation in (
+        ("submit, pool idle (workers sleeping)", None, "thread"),
+        ("submit, every worker on CPU-bound torch work", "cpu", "thread"),
+        ("submit, every worker on pure-Python (GIL-holding) work", "python", "thread"),
+        ("submit, every worker on CPU-bound torch work", "cpu", "process"),
+        ("submit, every worker on pure-Python (GIL-holding) work", "python", "process"),
     ):
-        with server(cfg, args.server_cpus) as srv:
+        with server(cfg, args.server_cpus, isolation) as srv:
             stats = asyncio.run(submit_latency(srv.port, mode, args.submits_per_client))
-        rows.append(row(label + ", 32 submitters", stats))
+        rows.append(row(f"{label}, {isolation} workers, 32 submitters", stats))
         print(rows[-1], flush=True)
 
     with server(cfg, args.server_cpus) as srv:

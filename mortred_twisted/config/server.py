@@ -47,6 +47,7 @@ class ServerConfig:
     max_queue_depth: int = 64
     max_batch_size: int = 1
     max_batch_delay_ms: float = 0.0
+    worker_isolation: str = "thread"
     async_enabled: bool = False
     async_timeout: int = 600000
     async_max_queue: int = 8
@@ -81,6 +82,7 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "max_queue_depth": (int,),
         "max_batch_size": (int,),
         "max_batch_delay_ms": (int, float),
+        "worker_isolation": (str,),
         "async_enabled": (bool,),
         "async_timeout": (int,),
         "async_max_queue": (int,),
@@ -203,6 +205,11 @@ def build_server_config(
         problems.append("server.id: required (the catalog id, e.g. 'DDPM')")
     for key, value in server.items():
         _check_value(key, value, problems)
+    isolation = server.get("worker_isolation", "thread")
+    if isolation not in ("thread", "process"):
+        problems.append(
+            f"server.worker_isolation: must be 'thread' or 'process' (got {isolation!r})"
+        )
     uri = server.get("server_uri", "/infer")
     if isinstance(uri, str) and not uri.startswith("/"):
         problems.append(f"server.server_uri: must start with '/' (got {uri!r})")

@@ -11,6 +11,9 @@ Selected with ``[model] type = "fake"``. Options (model TOML or ``[model]`` keys
 * ``fake_fail_every`` (int, default 0): the Nth, 2Nth, … run of an instance raises.
 * ``fake_steps`` (int, default 10): progress steps reported per run; the
   cancellation flag is checked between steps.
+* ``fake_exit_on_run`` (bool, default false): the process exits abruptly
+  (``os._exit``) when a run starts — a stand-in for a segfault or an OOM kill, for
+  testing process-isolated workers. Config only, never a request param.
 
 Request ``params``: ``delay_ms`` (0–600000), ``mode`` and ``steps`` override the
 options for one request; ``fail`` (bool) makes this run raise. Images are required (any bytes:
@@ -21,6 +24,7 @@ deterministic functions of the request.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -52,7 +56,10 @@ class FakeModel(Model):
         ParamSpec("steps", int, minimum=1, maximum=10_000, description="progress steps"),
     )
 
-    def __init__(self, delay_ms: int, mode: str, fail_every: int, steps: int) -> None:
+    def __init__(
+        self, delay_ms: int, mode: str, fail_every: int, steps: int, exit_on_run: bool = False
+    ) -> None:
+        self.exit_on_run = exit_on_run
         self.delay_ms = delay_ms
         self.mode = mode
         self.fail_every = fail_every
@@ -61,6 +68,8 @@ class FakeModel(Model):
         self._lock = threading.Lock()
 
     def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        if self.exit_on_run:
+            os._exit(70)
         with self._lock:
             self._runs += 1
             run_number = self._runs
@@ -129,4 +138,4 @@ def create(options: Mapping[str, Any], root: Path) -> FakeModel:
         problems.append(str(options["fake_load_error"]))
     if problems:
         raise ModelLoadError("fake model: " + "; ".join(problems))
-    return FakeModel(delay, mode, fail_every, steps)
+    return FakeModel(delay, mode, fail_every, steps, bool(options.get("fake_exit_on_run")))

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred
 
 from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.models.isolated import PreEncoded
 
 
 class ThreadRunner(Protocol):
@@ -33,6 +34,9 @@ class EncodedResult:
 
 
 def encode_data(data: Any) -> bytes:
+    """JSON bytes of ``data``; results already encoded by a worker process pass through."""
+    if isinstance(data, PreEncoded):
+        return bytes(data)
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

@@ -24,6 +24,7 @@ from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model
+from mortred_twisted.models.isolated import IsolatedModel
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.execution import ThreadRunner
@@ -95,6 +96,14 @@ class ModelRuntime:
 
         def build_all() -> list[Model]:
             root = Path(cfg.root)
+            if cfg.worker_isolation == "process":
+                # One in-process instance validates requests; each worker's model
+                # lives in its own process (see models/isolated.py).
+                local = self._build_model(cfg.model_type, cfg.model_options, root)
+                return [
+                    IsolatedModel(cfg.model_type, cfg.model_options, root, local)
+                    for _ in range(cfg.worker_nums)
+                ]
             return [
                 self._build_model(cfg.model_type, cfg.model_options, root)
                 for _ in range(cfg.worker_nums)

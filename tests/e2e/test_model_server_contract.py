@@ -338,3 +338,15 @@ def test_sigterm_drains_a_running_job_and_answers_its_waiter() -> None:
         assert outcome and outcome[0]["state"] == "done"
         srv.stop()
         assert any("Server Shut Down" in line for line in srv.log)
+
+
+def test_process_isolated_workers_serve_jobs_and_sync_requests() -> None:
+    """worker_isolation=process: jobs and /infer work, failures and progress cross over."""
+    env = {"MORTRED_WORKER_ISOLATION": "process"}
+    with model_server(ASYNC_CONF, env=env) as srv:
+        doc = wait(srv, submit(srv, 300))
+        assert doc["state"] == "done" and doc["progress"] == {"step": 10, "total": 10}
+        failed = wait(srv, submit(srv, 0, fail=True))
+        assert failed["state"] == "failed" and "fake model failure" in failed["error"]
+        status, env_doc = srv.json("POST", "/mortred/fake/infer", body(0))
+        assert status == 200 and env_doc["data"]["model"] == "fake"

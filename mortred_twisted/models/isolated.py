@@ -1,0 +1,234 @@
+"""Process-isolated model workers (``worker_isolation = "process"``).
+
+A model thread that runs Python glue between torch ops (a sampler loop) holds the
+GIL for long stretches, and the reactor thread waits for it. With process isolation
+each worker's model lives in its own child process (``multiprocessing`` *spawn*
+context, so no forked reactor state): the server's model thread only blocks on a
+pipe (GIL released) while the child does the work with its own interpreter.
+
+:class:`IsolatedModel` is a :class:`~mortred_twisted.models.base.Model` proxy, so the
+worker pool, runner and sync path are unchanged. Protocol over one duplex pipe
+(pickled tuples):
+
+* parent → child: ``("run", request)``, ``("run_batch", requests)``, ``("cancel",)``,
+  ``("stop",)``;
+* child → parent: ``("ready",)`` / ``("load_error", message)`` once;
+  ``("progress", step, total)`` during a run; ``("result", data_json, run_ms)`` or
+  ``("error", kind, message)``; for a batch ``("batch", [(ok, payload), …])``.
+
+The child encodes results as JSON itself, so only bytes cross the pipe. A child that
+dies mid-run fails that run with :class:`WorkerCrashed`; the next run starts a new
+child. Thread contract: ``run``/``run_batch`` are called from one model thread at a
+time per instance (the worker pool guarantees it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InputDecodeError,
+    InvalidRequest,
+    Model,
+    ModelLoadError,
+    RunCancelled,
+    RunContext,
+)
+
+POLL_S = 0.05
+START_TIMEOUT_S = 300.0
+
+
+class WorkerCrashed(RuntimeError):
+    """The worker process died during a run."""
+
+
+class PreEncoded(bytes):
+    """A model result that is already JSON bytes (the runtime does not re-encode it)."""
+
+
+class RemoteModelError(RuntimeError):
+    """An exception raised by the model inside the worker process."""
+
+
+def _encode_error(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, InvalidRequest):
+        return "invalid", f"{exc.field}\x00{exc.message}"
+    if isinstance(exc, InputDecodeError):
+        return "decode", str(exc)
+    if isinstance(exc, RunCancelled):
+        return "cancelled", str(exc)
+    return "error", f"{type(exc).__name__}: {exc}"
+
+
+def _decode_error(kind: str, message: str) -> BaseException:
+    if kind == "invalid":
+        field, _, text = message.partition("\x00")
+        return InvalidRequest(field, text)
+    if kind == "decode":
+        return InputDecodeError(message)
+    if kind == "cancelled":
+        return RunCancelled(message)
+    return RemoteModelError(message)
+
+
+class _ChildContext(RunContext):
+    """Run context inside the worker: progress goes up the pipe, cancel comes down."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def progress(self, step: int, total: int) -> None:
+        super().progress(step, total)
+        self._conn.send(("progress", step, total))
+
+    def check_cancelled(self) -> None:
+        while not self.cancelled and self._conn.poll(0):
+            if self._conn.recv()[0] == "cancel":
+                self.cancel()
+        super().check_cancelled()
+
+
+def _child_main(model_type: str, options: dict[str, Any], root: str, conn: Connection) -> None:
+    """Entry point of a worker process: load, then serve runs until told to stop."""
+    from mortred_twisted.models.registry import create_model
+
+    try:
+        model = create_model(model_type, options, Path(root))
+    except BaseException as exc:
+        conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready",))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        op = message[0]
+        if op == "stop":
+            model.close()
+            return
+        if op == "cancel":
+            continue  # arrived after its run ended
+        ctx = _ChildContext(conn)
+        if op == "run":
+            started = time.perf_counter()
+            try:
+                data = model.run(message[1], ctx)
+                encoded = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+                conn.send(("result", encoded, (time.perf_counter() - started) * 1000.0))
+            except BaseException as exc:
+                conn.send(("error", *_encode_error(exc)))
+        elif op == "run_batch":
+            requests = message[1]
+            outputs = model.run_batch(requests, [ctx] * len(requests))
+            packed = []
+            for out in outputs:
+                if isinstance(out, BaseException):
+                    packed.append((False, _encode_error(out)))
+                else:
+                    packed.append((True, json.dumps(out, separators=(",", ":")).encode()))
+            conn.send(("batch", packed))
+
+
+class IsolatedModel(Model):
+    """A model instance living in a worker process (see the module docstring)."""
+
+    def __init__(
+        self, model_type: str, options: Mapping[str, Any], root: Path, local: Model
+    ) -> None:
+        self._args = (model_type, dict(options), str(root))
+        self._local = local  # in-process instance: validation only
+        self.params_schema = local.params_schema
+        self.uses_images = local.uses_images
+        self._conn: Connection | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._start()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        process = ctx.Process(
+            target=_child_main, args=(*self._args, child), daemon=True, name="mortred-worker"
+        )
+        process.start()
+        child.close()
+        if not parent.poll(START_TIMEOUT_S):
+            process.kill()
+            raise ModelLoadError("worker process did not start in time")
+        try:
+            hello = parent.recv()
+        except EOFError:
+            raise ModelLoadError("worker process exited while loading") from None
+        if hello[0] != "ready":
+            process.join(5)
+            raise ModelLoadError(f"worker process: {hello[1]}")
+        self._conn, self._process = parent, process
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def validate(self, request: InferenceRequest) -> InferenceRequest:
+        return self._local.validate(request)
+
+    def _ensure_alive(self) -> Connection:
+        if self._process is None or not self._process.is_alive() or self._conn is None:
+            self._start()
+        assert self._conn is not None
+        return self._conn
+
+    def _exchange(self, message: tuple, ctx: RunContext | None) -> tuple:
+        conn = self._ensure_alive()
+        conn.send(message)
+        cancel_sent = False
+        while True:
+            try:
+                ready = conn.poll(POLL_S)
+                if ctx is not None and ctx.cancelled and not cancel_sent:
+                    conn.send(("cancel",))
+                    cancel_sent = True
+                if not ready:
+                    if self._process is not None and not self._process.is_alive():
+                        raise EOFError
+                    continue
+                reply = conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                self._process = None
+                raise WorkerCrashed("model worker process died during the run") from None
+            if reply[0] == "progress":
+                if ctx is not None:
+                    ctx.progress(reply[1], reply[2])
+                continue
+            return reply
+
+    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        reply = self._exchange(("run", request), ctx)
+        if reply[0] == "error":
+            raise _decode_error(reply[1], reply[2])
+        return PreEncoded(reply[1])
+
+    def run_batch(
+        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        reply = self._exchange(("run_batch", list(requests)), ctxs[0] if ctxs else None)
+        return [PreEncoded(payload) if ok else _decode_error(*payload) for ok, payload in reply[1]]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self._conn.send(("stop",))
+        if self._process is not None:
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+        self._local.close()
