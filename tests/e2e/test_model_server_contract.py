@@ -350,3 +350,22 @@ def test_process_isolated_workers_serve_jobs_and_sync_requests() -> None:
         assert failed["state"] == "failed" and "fake model failure" in failed["error"]
         status, env_doc = srv.json("POST", "/mortred/fake/infer", body(0))
         assert status == 200 and env_doc["data"]["model"] == "fake"
+
+
+def test_chunked_body_growing_past_the_limit_is_cut_off_with_413() -> None:
+    """Without a Content-Length, a body that grows past request_size_limit gets 413."""
+    with model_server(SYNC_CONF, env={"MORTRED_REQUEST_SIZE_LIMIT": "0.001"}) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            sock.sendall(
+                f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+            )
+            chunk = b"x" * 800
+            for _ in range(3):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            response = b""
+            while part := sock.recv(65536):
+                response += part
+        assert response.startswith(b"HTTP/1.1 413")
+        # a small body still works on a fresh connection
+        assert srv.request("POST", URI, body(0))[0] == 200
