@@ -129,9 +129,9 @@ class ControlPlane:
 
         try:
             return wait_until(ready, timeout, f"{ids} ready")
-        except AssertionError:
-            print("".join(self.output[-80:]))
-            raise
+        except AssertionError as exc:
+            states = {i: (s["state"], s["ready"], s["error"]) for i, s in self.status().items()}
+            raise AssertionError(f"{exc}; status: {states}") from None
 
     def child_pids(self) -> list[int]:
         return [s["pid"] for s in self.status().values() if s.get("pid")]

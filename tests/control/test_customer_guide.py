@@ -1,16 +1,26 @@
 """The customer guide T1–T16 (seed 002) through the gateway, on a fresh control plane.
 
-One supervisor runs the gateway, an async model (``FAKE_ASYNC``: each job takes
-``DELAY_MS`` through ``params``) and a sync-only model (``FAKE_SYNC``, the T12
+One supervisor runs the gateway, an async model and a sync-only model (the T12
 negative control), all on free loopback ports. Tests run in file order and share the
 plane (and a few job ids), like the guide itself; the last one stops the supervisor
 with SIGTERM and checks no child outlived it.
+
+By default the async model is ``FAKE_ASYNC`` with ``params.delay_ms`` = 2500 (each job
+takes 2.5 s) and the sync one ``FAKE_SYNC``. Any catalog model can stand in::
+
+    MORTRED_E2E_MODEL=DDPM MORTRED_E2E_PARAMS='{"timesteps": 200}' \
+    MORTRED_E2E_SYNC_MODEL=MOBILENETV2 \
+    .venv/bin/python -m pytest tests/control/test_customer_guide.py
+
+(pick params so one job takes a couple of seconds on the machine).
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,16 +30,31 @@ import pytest
 
 from .plane import ControlPlane, control_plane, pid_alive, wait_until
 
+
+def _png_base64() -> str:
+    """A small valid PNG (classifiers decode pixels; generative models ignore them)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 60, 60)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 pytestmark = pytest.mark.slow
 
-MODEL = "FAKE_ASYNC"
-SYNC_MODEL = "FAKE_SYNC"
-DELAY_MS = 2500
-IMG = base64.b64encode(b"\x89PNG not really an image").decode()
-BODY = {"images": [IMG], "req_id": "jobs-test-1", "params": {"delay_ms": DELAY_MS}}
+MODEL = os.environ.get("MORTRED_E2E_MODEL", "FAKE_ASYNC")
+SYNC_MODEL = os.environ.get("MORTRED_E2E_SYNC_MODEL", "FAKE_SYNC")
+PARAMS = json.loads(os.environ.get("MORTRED_E2E_PARAMS", '{"delay_ms": 2500}'))
+IMG = _png_base64()
+BODY = {"images": [IMG], "req_id": "jobs-test-1", "params": PARAMS}
 JOBS = f"/v1/models/{MODEL}/jobs"
 
 S: dict[str, Any] = {}
+
+
+def t_infer() -> float:
+    """T_infer of T1, in seconds (the baseline every timing check is relative to)."""
+    return float(S["t_infer"])
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +84,7 @@ def test_t01_blocking_infer_baseline(plane: ControlPlane) -> None:
     assert code == 200, body
     doc = json.loads(body)
     assert doc["code"] == 0 and doc["msg"] == "success"
-    assert took >= DELAY_MS / 1000 * 0.9
+    assert took >= 1.0, "pick params so that one run takes a couple of seconds"
     S["t_infer"] = took
 
 
@@ -67,7 +92,7 @@ def test_t02_submit_is_202_at_once(plane: ControlPlane) -> None:
     """T2: 202 in ≪ T_infer; job_…, pending, gateway Location/poll_url/result_url."""
     code, headers, doc, took = submit(plane)
     assert code == 202, doc
-    assert took < 0.5 and took < S["t_infer"] / 4
+    assert took < 0.5 and took < t_infer() / 4
     assert doc["job_id"].startswith("job_") and doc["state"] == "pending"
     prefix = f"/v1/models/{MODEL}/jobs/{doc['job_id']}"
     assert headers["location"] == prefix
@@ -100,7 +125,7 @@ def test_t04_poll_until_terminal(plane: ControlPlane) -> None:
         plane.gw("GET", f"{S['poll']}/wait?timeout=300")
         return False
 
-    wait_until(terminal, 30, "job terminal", step=0)
+    wait_until(terminal, 30 + 10 * t_infer(), "job terminal", step=0)
     assert seen[-1][0] == "done"
     running = [ms for state, ms in seen if state == "running"]
     assert len(running) >= 2 and running == sorted(running) and running[-1] > running[0]
@@ -122,7 +147,7 @@ def test_t06_wait_until_terminal(plane: ControlPlane) -> None:
         "GET", f"{JOBS}/{doc['job_id']}/wait?timeout=120000", timeout=180
     )
     assert code == 200 and json.loads(body)["state"] == "done"
-    assert DELAY_MS / 1000 * 0.5 < took < DELAY_MS / 1000 + 5
+    assert t_infer() * 0.5 < took < t_infer() * 2 + 5
 
 
 def test_t07_wait_budget_expiry(plane: ControlPlane) -> None:
@@ -149,7 +174,7 @@ def test_t08_two_waiters(plane: ControlPlane) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(60 + 10 * t_infer())
     assert results == [(200, "done"), (200, "done")]
 
 
@@ -189,6 +214,7 @@ def test_t12_async_disabled_is_404(plane: ControlPlane) -> None:
     code, _, _, _ = plane.gw("POST", f"/v1/models/{SYNC_MODEL}/jobs", body=BODY)
     assert code == 404
     code, _, body, _ = plane.gw("POST", f"/v1/models/{SYNC_MODEL}/infer", body={"images": [IMG]})
+    # (any sync model answers its own infer: the 404 above is about /jobs only)
     assert code == 200, body
 
 
