@@ -51,7 +51,17 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None, help="weights file to write")
+    parser.add_argument(
+        "--resume", type=Path, default=None, help="start from these weights (fine-tuning)"
+    )
     return parser
+
+
+def maybe_resume(net: nn.Module, args: argparse.Namespace) -> None:
+    """Load ``--resume`` weights into ``net`` (strict) when given."""
+    if args.resume is not None:
+        net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
+        print(f"resumed from {args.resume}")
 
 
 def setup(args: argparse.Namespace) -> torch.device:

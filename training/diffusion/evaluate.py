@@ -91,10 +91,19 @@ def save_grid(pixels: np.ndarray, path: str, cols: int = 10, scale: int = 3) -> 
 
 
 def evaluate_model(
-    name: str, samples: int, seed: int, batch: int, judge: DigitJudge, grid: bool
+    name: str,
+    samples: int,
+    seed: int,
+    batch: int,
+    judge: DigitJudge,
+    grid: bool,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     options = tomllib.loads((common.ROOT / CONFIGS[name]).read_text())
+    # The served bound on num_images is for requests; evaluation batches more at once.
+    options["max_images"] = max(int(options.get("max_images", 16)), batch)
     model = create_model(name, options, common.ROOT)
+    extra = {} if steps is None else {"timesteps" if name == "DDPM" else "sample_steps": steps}
     jobs: list[dict[str, Any]] = []
     if name == "CLS_COND_DDIM":
         per_class = max(1, samples // 10)
@@ -109,7 +118,7 @@ def evaluate_model(
     steps = 0
     begin = time.monotonic()
     for i, params in enumerate(jobs):
-        req = model.validate(InferenceRequest(req_id=f"eval-{i}", params=params))
+        req = model.validate(InferenceRequest(req_id=f"eval-{i}", params={**params, **extra}))
         data = model.run(req, RunContext())
         steps = data["steps"]
         pixels.append(decode_pngs(data["images"]))
@@ -155,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=None, help="override the default steps")
     parser.add_argument(
         "--grid",
         action=argparse.BooleanOptionalAction,
@@ -172,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     judge = load_judge()
     results: dict[str, Any] = {}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        fig = evaluate_model(name, args.samples, args.seed, args.batch, judge, args.grid)
+        fig = evaluate_model(
+            name, args.samples, args.seed, args.batch, judge, args.grid, args.steps
+        )
         results[name] = fig
         print(f"{name}: {json.dumps(fig)}", flush=True)
         if args.record:
@@ -181,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             entry.setdefault("figures", {})[name] = {
                 **fig,
                 "command": ".venv/bin/python -m training.diffusion.evaluate "
-                f"--models {name} --samples {args.samples} --seed {args.seed}",
+                f"--models {name} --samples {args.samples} --seed {args.seed}"
+                + (f" --steps {args.steps}" if args.steps else ""),
             }
             common.MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return results

@@ -30,6 +30,7 @@ def main() -> None:
         SCHEDULE["beta_end"],
     )
     net = UNet(ARCH)
+    common.maybe_resume(net, args)
     print(f"UNet {sum(p.numel() for p in net.parameters())} parameters; data {tuple(data.shape)}")
     (ema, curve), seconds = common.timed(
         lambda: common.train_eps(net, data, None, schedule, args, device)
@@ -45,6 +46,7 @@ def main() -> None:
                 "command": common.command_line(),
                 "data": common.DATA_DESCRIPTION,
                 "seed": args.seed,
+                "resumed_from": str(args.resume) if args.resume else None,
                 "steps": curve[-1][0],
                 "batch": args.batch,
                 "lr": args.lr,

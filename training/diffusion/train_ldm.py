@@ -137,6 +137,7 @@ def main() -> None:
         SCHEDULE["beta_end"],
     )
     net = UNet(UNET_ARCH)
+    common.maybe_resume(net, args)
     (ema, curve), seconds = common.timed(
         lambda: common.train_eps(net, z.cpu(), None, schedule, args, device)
     )

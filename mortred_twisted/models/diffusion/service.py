@@ -186,7 +186,7 @@ class DiffusionModel(Model):
     def plan(self, params: Mapping[str, Any]) -> SamplingPlan:
         return self._plan(params)
 
-    def _eps_fn(self, plan: SamplingPlan, generator: torch.Generator) -> EpsFn:
+    def _eps_fn(self, plan: SamplingPlan) -> EpsFn:
         net = self.eps_net
         if plan.labels is None:
             return lambda x, t: net(x, t)
@@ -225,7 +225,7 @@ class DiffusionModel(Model):
 
         generator = torch.Generator(device=self.device).manual_seed(plan.seed)
         with torch.inference_mode():
-            eps_fn = self._eps_fn(plan, generator)
+            eps_fn = self._eps_fn(plan)
             out = sample(
                 eps_fn,
                 (plan.num_images, *self.sample_shape),
