@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
@@ -52,12 +52,24 @@ class ModelThreadPool(Service):
             sys.setswitchinterval(self._switch_interval_s)
         self.pool.start()
 
-    def stopService(self) -> None:
+    def stopService(self) -> Deferred[None]:
+        """Join the model threads off the reactor thread (a model may still be
+        finishing its current step); fires once they are gone."""
         super().stopService()
-        self.pool.stop()
+        getpool = getattr(self._reactor, "getThreadPool", None)
+        if getpool is None:  # a test reactor without threads: join inline
+            self._joined(None)
+            self.pool.stop()
+            return succeed(None)
+        d = deferToThreadPool(self._reactor, getpool(), self.pool.stop)
+        d.addBoth(self._joined)
+        return d
+
+    def _joined(self, result: Any) -> Any:
         if self._saved_switch_interval is not None:
             sys.setswitchinterval(self._saved_switch_interval)
             self._saved_switch_interval = None
+        return result
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
         """Run ``fn(*args, **kwargs)`` on a pool thread; the Deferred fires on the reactor."""

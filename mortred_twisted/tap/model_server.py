@@ -162,6 +162,24 @@ class ModelServerService(Service):
         return d
 
 
+class OrderedServices(MultiService):
+    """Starts children in order and stops them in reverse, each stop waiting for the
+    previous one's Deferred (``MultiService`` stops them all at once: the thread pool
+    would be joined while the server still drains jobs on it)."""
+
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
+        children = list(self)[::-1]
+
+        async def stop_in_order() -> None:
+            for child in children:
+                result = child.stopService()
+                if isinstance(result, Deferred):
+                    await result
+
+        return Deferred.fromCoroutine(stop_in_order())
+
+
 def build_service(
     config: ServerConfig,
     *,
@@ -172,7 +190,7 @@ def build_service(
 ) -> MultiService:
     """The whole model-server service tree for ``config`` (tests use this too)."""
     check_listen_policy(config)
-    top = MultiService()
+    top = OrderedServices()
     threads = ModelThreadPool(
         reactor, config.worker_nums, name=f"mortred-{config.id}",
         switch_interval_s=switch_interval_s,

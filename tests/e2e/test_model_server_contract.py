@@ -369,3 +369,28 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_with_413() -> None:
         assert response.startswith(b"HTTP/1.1 413")
         # a small body still works on a fresh connection
         assert srv.request("POST", URI, body(0))[0] == 200
+
+
+def test_sigterm_after_grace_fails_remaining_jobs_and_exits() -> None:
+    """With --grace 0, running and queued jobs end failed ('server shutting down'), their
+    waiters are answered, the models are asked to stop, and the process exits."""
+    import signal
+
+    with model_server(ASYNC_CONF, args=("--grace", "0")) as srv:
+        running = [submit(srv, 120_000, steps=1200) for _ in range(2)]
+        queued = submit(srv, 120_000, steps=1200)
+        outcome: list[dict] = []
+        waiter = threading.Thread(target=lambda: outcome.append(wait(srv, queued)))
+        waiter.start()
+        for _ in range(2000):
+            if (
+                metric(srv, "mortred_async_waiters") == 1
+                and metric(srv, "mortred_workers_busy") == 2
+            ):
+                break
+        srv.process.send_signal(signal.SIGTERM)
+        waiter.join(30)
+        assert srv.process.wait(30) in (0, -signal.SIGTERM)
+        assert outcome and outcome[0]["state"] == "failed"
+        assert outcome[0]["error"] == "server shutting down: job abandoned"
+        assert running
