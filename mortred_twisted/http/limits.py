@@ -36,12 +36,22 @@ class LimitedSite(Site):
     """A ``Site`` whose requests enforce ``body_limit`` bytes via ``early_reject``."""
 
     def __init__(
-        self, resource, body_limit: int, early_reject: EarlyReject, *, access_log: bool = False
+        self,
+        resource,
+        body_limit: int,
+        early_reject: EarlyReject,
+        *,
+        access_log: bool = False,
+        on_finished: Callable[[Request], None] | None = None,
     ) -> None:
-        super().__init__(resource, requestFactory=LimitedRequest)
+        # parsePOSTFormSubmission=False: twisted.web would parse every POST's
+        # Content-Type with the email package looking for form data (a large share
+        # of a submit's CPU here); our bodies are JSON.
+        super().__init__(resource, requestFactory=LimitedRequest, parsePOSTFormSubmission=False)
         self.body_limit = body_limit
         self.early_reject = early_reject
         self.access_log = access_log
+        self.on_finished = on_finished
         self.noisy = False
         self._active: set[Request] = set()
         self._idle_waiters: list[Deferred[None]] = []
@@ -70,8 +80,13 @@ class LimitedSite(Site):
         return d
 
     def log(self, request) -> None:
-        # Per-request access logging costs a lot on the reactor thread; metrics
-        # count requests instead. Opt in with access_log=True.
+        """Called by twisted.web when a response is finished: the metrics hook.
+
+        Per-request access logging costs a lot on the reactor thread; metrics count
+        requests instead. Opt in with ``access_log=True``.
+        """
+        if self.on_finished is not None:
+            self.on_finished(request)
         if self.access_log:
             super().log(request)
 

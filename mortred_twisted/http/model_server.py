@@ -87,6 +87,7 @@ class ModelServerApp:
         self._rate_limiter = rate_limiter
         self._wall_clock = wall_clock
         self._openapi_bytes: bytes | None = None
+        self._metric_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.app = Klein()
         route = self.app.route
         self._routes: dict[str, tuple[str, ...]] = {}
@@ -133,23 +134,34 @@ class ModelServerApp:
     # -- plumbing ---------------------------------------------------------------------
 
     def _instrumented(self, label: str, handler: Callable) -> Callable:
-        metrics = self.runtime.metrics
+        """Tag the request with its route and start time; :meth:`record_request`
+        (called by the site when the response is finished) counts it."""
 
         def endpoint(request: IRequest, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-
-            def record(_: Any) -> None:
-                metrics.http_requests.labels(route=label, code=str(request.code)).inc()
-                metrics.http_duration.labels(route=label).observe(
-                    (time.perf_counter() - started) * 1000.0
-                )
-
-            request.notifyFinish().addBoth(record)
+            request.mortred_route = label  # type: ignore[attr-defined]
+            request.mortred_started = time.perf_counter()  # type: ignore[attr-defined]
             return handler(request, **kwargs)
 
         # Klein names werkzeug endpoints after the function: keep them distinct.
         endpoint.__name__ = endpoint.__qualname__ = f"mortred_{label}"
         return endpoint
+
+    def record_request(self, request: IRequest) -> None:
+        """Count a finished request (the site's per-request hook; reactor thread)."""
+        label = getattr(request, "mortred_route", None)
+        if label is None:
+            return
+        key = (label, request.code)
+        children = self._metric_children.get(key)
+        if children is None:
+            metrics = self.runtime.metrics
+            children = (
+                metrics.http_requests.labels(route=label, code=str(request.code)),
+                metrics.http_duration.labels(route=label),
+            )
+            self._metric_children[key] = children
+        children[0].inc()
+        children[1].observe((time.perf_counter() - request.mortred_started) * 1000.0)
 
     @staticmethod
     def _headers(request: IRequest, req_id: str | None) -> None:
@@ -390,7 +402,7 @@ class ModelServerApp:
                 {"Retry-After": "1"},
             )
             return self._job_error(request, full, req_id)
-        rt.metrics.async_jobs.labels(state="submitted").inc()
+        rt.metrics.job_events["submitted"].inc()
         assert rt.runner is not None
         rt.runner.start(job_id)
         body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}

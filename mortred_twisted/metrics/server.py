@@ -36,8 +36,8 @@ class ServerMetrics:
             ["state"],
             registry=r,
         )
-        for state in JOB_STATES:
-            self.async_jobs.labels(state=state)
+        #: pre-bound children (a labels() lookup per event costs on the reactor)
+        self.job_events = {state: self.async_jobs.labels(state=state) for state in JOB_STATES}
         self.async_rejected = Counter(
             "mortred_async_rejected",
             "Async submissions refused because the queue was full (429).",

@@ -127,7 +127,7 @@ class JobRunner:
         try:
             if not self._ledger.transition_running(job_id):
                 return  # already terminal (shutdown ended it while it waited)
-            self._metrics.async_jobs.labels(state="running").inc()
+            self._metrics.job_events["running"].inc()
             request = self._ledger.take_request(job_id)
             if request is None:
                 raise RuntimeError("job payload missing")
@@ -178,7 +178,7 @@ class JobRunner:
             ok, state = self._ledger.fail(job_id, payload), "failed"
         if not ok:
             return
-        self._metrics.async_jobs.labels(state=state).inc()
+        self._metrics.job_events[state].inc()
         snap = self._ledger.snapshot(job_id)
         if snap is not None:
             self._metrics.async_job_duration.labels(state=state).observe(snap.elapsed_ms)

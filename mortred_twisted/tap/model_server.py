@@ -98,6 +98,7 @@ class ModelServerService(Service):
             cfg.request_size_limit_bytes,
             self.app.early_reject,
             access_log=self._access_log,
+            on_finished=self.app.record_request,
         )
         self._site = site
         host = cfg.host.replace(":", "\\:")
