@@ -1,11 +1,13 @@
 """Gateway overhead: the same calls direct to the model port and through the gateway.
 
-    .venv/bin/python bench/gateway_overhead.py [--server-cpus 0] [--client-cpus 1] \
-        [--duration 3] [--connections 1,16,64]
+    .venv/bin/python bench/gateway_overhead.py [--server-cpus 0] [--gateway-cpus 0] \
+        [--client-cpus 1] [--duration 3] [--connections 1,16,64]
 
 Starts a fake model server (``fake_delay_ms = 0``, async on) and a gateway in front
 of it (``twistd -n mortred-gateway`` with a bearer token, an internal token and a
-persistent upstream pool), both pinned to ``--server-cpus`` with ``taskset``; the
+persistent upstream pool), pinned with ``taskset`` to ``--server-cpus`` and
+``--gateway-cpus`` (the same core by default: the gateway's work then competes with
+the model's, the pessimistic case on a small machine); the
 keep-alive asyncio client runs here, pinned to ``--client-cpus``. In one run, for each
 connection count, alternately direct and through the gateway:
 
@@ -169,21 +171,24 @@ async def scenario(model_port: int, gw_port: int, connections: list[int], durati
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-cpus", default="0")
+    ap.add_argument("--gateway-cpus", default=None, help="default: --server-cpus")
     ap.add_argument("--client-cpus", default="1")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--connections", default="1,16,64")
     args = ap.parse_args()
     os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     connections = [int(c) for c in args.connections.split(",")]
+    gw_cpus = args.gateway_cpus or args.server_cpus
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         cfg = tmp / "model.toml"
         cfg.write_text(SERVER_TOML.format(port=18199))
         env = {"MORTRED_AUTH_TOKEN": INTERNAL}
         with model_server(cfg, env=env, launcher=("taskset", "-c", args.server_cpus)) as srv, \
-                gateway(tmp / "gw", srv.port, args.server_cpus) as gw_port:  # fmt: skip
-            print(f"model :{srv.port}, gateway :{gw_port}, server cpus {args.server_cpus}, "
-                  f"client cpus {args.client_cpus}, {args.duration} s per cell\n")  # fmt: skip
+                gateway(tmp / "gw", srv.port, gw_cpus) as gw_port:  # fmt: skip
+            print(f"model :{srv.port} on cpus {args.server_cpus}, gateway :{gw_port} on "
+                  f"cpus {gw_cpus}, client on cpus {args.client_cpus}, "
+                  f"{args.duration} s per cell\n")  # fmt: skip
             print("| call | conns | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms "
                   "| direct req/s | gateway req/s | ratio | errors |")  # fmt: skip
             print("|---|---|---|---|---|---|---|---|---|")
