@@ -19,6 +19,7 @@ Deferred, so the upstream request is cancelled with it.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ from mortred_twisted.http.auth import WWW_AUTHENTICATE
 log = Logger()
 
 JSON = b"application/json; charset=utf-8"
+#: A client's X-Request-ID is forwarded only if it is a short visible-ASCII token.
+_REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
 #: Request headers forwarded upstream (everything else is dropped; Authorization is
 #: replaced by the internal token).
 _FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
@@ -125,8 +128,10 @@ class GatewayApp:
         """Every path: health, metrics, the T15 table and the legacy sync routes."""
         path = request.path.decode("latin-1")
         method = request.method.decode("ascii", "replace")
-        rid = request.getHeader(b"x-request-id") or self._request_id()
-        request.setHeader(b"X-Request-ID", rid.encode("latin-1") if isinstance(rid, str) else rid)
+        rid = request.getHeader(b"x-request-id")
+        if not rid or not _REQUEST_ID.match(rid):
+            rid = self._request_id().encode("ascii")  # absent or not a sane token: ours
+        request.setHeader(b"X-Request-ID", rid)
         if path == "/healthz":
             if method not in ("GET", "HEAD"):
                 return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})
@@ -164,14 +169,14 @@ class GatewayApp:
         self.metrics.requests.labels("metrics", "200").inc()
         return self.metrics.render()
 
-    async def _forward(self, request: Any, route: Route, method: str, rid: Any) -> bytes:
+    async def _forward(self, request: Any, route: Route, method: str, rid: bytes) -> bytes:
         label = route.kind.value
         headers: dict[bytes, list[bytes]] = {}
         for name in _FORWARD_REQUEST:
             values = request.requestHeaders.getRawHeaders(name)
             if values:
                 headers[name] = values
-        headers[b"x-request-id"] = [rid if isinstance(rid, bytes) else rid.encode("latin-1")]
+        headers[b"x-request-id"] = [rid]
         if self.internal_token:
             headers[b"authorization"] = [b"Bearer " + self.internal_token.encode("latin-1")]
         length = 0

@@ -134,6 +134,14 @@ def test_request_id_forwarded_both_ways() -> None:
     assert response.headers.getRawHeaders("x-request-id") == ["req-from-model"]
 
 
+def test_odd_request_id_is_replaced() -> None:
+    """An X-Request-ID that is not a short visible-ASCII token is replaced by a fresh one."""
+    h = Harness()
+    h.call("POST", "/v1/models/ASYNC/infer", headers={**AUTH, "X-Request-ID": "x" * 300},
+           data=b"{}")  # fmt: skip
+    assert h.model.seen[-1].headers["x-request-id"] == "generated-id"
+
+
 def test_statuses_pass_through() -> None:
     """404 unknown job, 409 result, a sync model's /jobs 404 and 429 + Retry-After pass through."""
     h = Harness()
