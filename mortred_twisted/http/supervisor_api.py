@@ -134,6 +134,8 @@ class SupervisorApi:
             return _json(request, 404, {"error": f"unknown server: {server_id}"})
         if action not in ("start", "stop", "restart"):
             return _json(request, 404, {"error": f"unknown action: {action}"})
+        if self.supervisor.closing:
+            return _json(request, 503, {"error": "supervisor is shutting down"})
         d = getattr(s, action)()
         d.addErrback(lambda f: None)  # outcomes are visible in status and logs
         return _json(request, 202, {"id": server_id, "action": action, **s.status()})

@@ -312,6 +312,7 @@ class Supervisor:
         self.gateway = gateway
         self.models = {s.id: s for s in servers}
         self.start_concurrency = start_concurrency
+        self.closing = False
 
     def all(self) -> list[ManagedServer]:
         return ([self.gateway] if self.gateway else []) + list(self.models.values())
@@ -332,8 +333,12 @@ class Supervisor:
         if self.gateway is not None:
             self.gateway.start().addCallback(lambda ok: results.__setitem__("gateway", ok))
 
+        def start_unless_closing(server: ManagedServer) -> defer.Deferred[bool]:
+            # A slot can free up after shutdown began: never spawn into a stopping plane.
+            return defer.succeed(False) if self.closing else server.start()
+
         def one(server: ManagedServer) -> defer.Deferred[None]:
-            d = sem.run(server.start)
+            d = sem.run(start_unless_closing, server)
             d.addCallback(lambda ok: results.__setitem__(server.id, ok))
             return d
 
@@ -343,7 +348,8 @@ class Supervisor:
         return gathered
 
     def stop_all(self) -> defer.Deferred[None]:
-        """Stop every model (in parallel), then the gateway."""
+        """Stop every model (in parallel), then the gateway; no autostart after this."""
+        self.closing = True
         ds = [s.stop() for s in self.models.values()]
         d = defer.gatherResults(ds, consumeErrors=True)
         if self.gateway is not None:

@@ -201,3 +201,15 @@ def test_start_while_stopping_starts_after_exit() -> None:
     result = fired(s.start())
     sp.children[0].exit(signal=15)
     assert len(sp.children) == 2 and s.state == "starting" and result == []
+
+
+def test_no_autostart_after_shutdown_began() -> None:
+    """Models still queued for autostart are not spawned once stop_all has begun."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    models = [server(x, clock, sp, pr) for x in ("A", "B")]
+    sup = Supervisor(models, start_concurrency=1)
+    result = fired(sup.start_all(["A", "B"]))
+    assert [c.spec.argv[0] for c in sp.children] == ["A"]
+    fired(sup.stop_all())
+    assert [c.spec.argv[0] for c in sp.children] == ["A"]
+    assert result == [{"A": False, "B": False}]
