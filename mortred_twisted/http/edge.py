@@ -1,0 +1,226 @@
+"""Shared plumbing of the model server's HTTP edge: responses, errors, pre-checks.
+
+:class:`EdgeBase` holds what every route needs — rendering JSON answers with the
+contract's headers, the error table applied to envelopes and job bodies, bearer
+auth, the POST pre-checks (401 → 415 → 413, and the header-time 413 answer that
+keeps 405 → 401 → 415 → 413), readiness, per-client rate limits, envelope parsing
+plus model validation, and per-request metrics. :class:`ModelServerApp` adds the
+routes. Thread contract: reactor thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twisted.web.http import Headers
+from twisted.web.iweb import IRequest
+
+from mortred_twisted.config.server import ServerConfig
+from mortred_twisted.http import errors as E
+from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
+from mortred_twisted.http.envelope import parse_envelope, render_error
+from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.limits import EarlyResponse
+from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.runtime.model_runtime import ModelRuntime
+
+JSON_TYPE = b"application/json; charset=utf-8"
+#: Reason phrases twisted.web does not know.
+REASONS: dict[int, bytes] = {422: b"Unprocessable Entity", 429: b"Too Many Requests"}
+
+
+def json_bytes(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def is_json_content_type(value: bytes | None) -> bool:
+    """``application/json`` (any charset) or a ``+json`` type."""
+    if value is None:
+        return False
+    mime = value.split(b";", 1)[0].strip().lower()
+    return mime == b"application/json" or mime.endswith(b"+json")
+
+
+class EdgeBase:
+    """Plumbing for the routes; subclasses set the attributes below in ``__init__``."""
+
+    runtime: ModelRuntime
+    config: ServerConfig
+    _token: str | None
+    _rate_limiter: RateLimiter | None
+    _metric_children: dict[tuple[str, int], tuple[Any, Any]]
+
+    def _instrumented(self, label: str, handler: Callable) -> Callable:
+        """Tag the request with its route and start time; :meth:`record_request`
+        (called by the site when the response is finished) counts it."""
+
+        def endpoint(request: IRequest, **kwargs: Any) -> Any:
+            request.mortred_route = label  # type: ignore[attr-defined]
+            request.mortred_started = time.perf_counter()  # type: ignore[attr-defined]
+            return handler(request, **kwargs)
+
+        # Klein names werkzeug endpoints after the function: keep them distinct.
+        endpoint.__name__ = endpoint.__qualname__ = f"mortred_{label}"
+        return endpoint
+
+    def record_request(self, request: IRequest) -> None:
+        """Count a finished request (the site's per-request hook; reactor thread)."""
+        label = getattr(request, "mortred_route", None)
+        if label is None:
+            return
+        key = (label, request.code)
+        children = self._metric_children.get(key)
+        if children is None:
+            metrics = self.runtime.metrics
+            children = (
+                metrics.http_requests.labels(route=label, code=str(request.code)),
+                metrics.http_duration.labels(route=label),
+            )
+            self._metric_children[key] = children
+        children[0].inc()
+        children[1].observe((time.perf_counter() - request.mortred_started) * 1000.0)
+
+    @staticmethod
+    def _headers(request: IRequest, req_id: str | None) -> None:
+        request.setHeader(b"Content-Type", JSON_TYPE)
+        request.setHeader(b"Cache-Control", b"no-store")
+        if req_id:
+            request.setHeader(b"X-Request-ID", req_id.encode("utf-8", "replace"))
+
+    def _respond(
+        self,
+        request: IRequest,
+        status: int,
+        body: bytes,
+        req_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        request.setResponseCode(status, REASONS.get(status))
+        self._headers(request, req_id)
+        request.setHeader(b"Content-Length", str(len(body)).encode())
+        for name, value in (headers or {}).items():
+            request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+        return body
+
+    def _envelope_error(self, request: IRequest, err: ApiError, req_id: str) -> bytes:
+        return self._respond(
+            request, err.http_status, render_error(req_id, err.code, err.message), req_id,
+            err.headers,
+        )  # fmt: skip
+
+    def _job_error(self, request: IRequest, err: ApiError, req_id: str | None = None) -> bytes:
+        body = json_bytes({"error": err.message, "code": err.code})
+        return self._respond(request, err.http_status, body, req_id, err.headers)
+
+    @staticmethod
+    def _header(request: IRequest, name: bytes) -> bytes | None:
+        return request.requestHeaders.getRawHeaders(name, [None])[0]
+
+    def _request_id_header(self, request: IRequest) -> str | None:
+        raw = self._header(request, b"x-request-id")
+        return raw.decode("utf-8", "replace")[:256] if raw else None
+
+    def _auth_error(self, headers: Headers) -> ApiError | None:
+        if self._token is None:
+            return None
+        given = bearer_token(headers.getRawHeaders(b"authorization", [None])[0])
+        if token_matches(given, self._token):
+            return None
+        message = "missing bearer token" if given is None else "invalid bearer token"
+        return ApiError(E.UNAUTHORIZED, message, {"WWW-Authenticate": WWW_AUTHENTICATE})
+
+    def _post_prechecks(self, request: IRequest) -> ApiError | None:
+        """401 → 415 → 413, from headers (the body limit was enforced while reading)."""
+        err = self._auth_error(request.requestHeaders)
+        if err is not None:
+            return err
+        if not is_json_content_type(self._header(request, b"content-type")):
+            return ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
+        content = request.content
+        size = content.seek(0, 2)
+        content.seek(0)
+        if size > self.config.request_size_limit_bytes:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            E.ENTITY_TOO_LARGE,
+            f"request body exceeds request_size_limit ({self.config.request_size_limit} MB)",
+        )
+
+    def early_reject(
+        self, method: bytes, path: bytes, headers: Headers, length: int
+    ) -> EarlyResponse:
+        """The response for a body over the limit, honouring 405 → 401 → 415 → 413."""
+        route_path = path.split(b"?", 1)[0].decode("latin-1")
+        is_job_route = route_path == "/jobs" or route_path.startswith("/jobs/")
+        post_paths = {self.config.server_uri.rstrip("/") or "/", "/jobs"}
+        err: ApiError | None = None
+        if route_path.rstrip("/") not in post_paths or method.upper() != b"POST":
+            allow = "POST" if route_path.rstrip("/") in post_paths else "GET"
+            err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
+        if err is None:
+            err = self._auth_error(headers)
+        if err is None and not is_json_content_type(
+            headers.getRawHeaders(b"content-type", [None])[0]
+        ):
+            err = ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
+        if err is None:
+            err = self._too_large()
+        rid_raw = headers.getRawHeaders(b"x-request-id", [b""])[0]
+        req_id = rid_raw.decode("utf-8", "replace")
+        if is_job_route:
+            body = json_bytes({"error": err.message, "code": err.code})
+        else:
+            body = render_error(req_id, err.code, err.message)
+        hdrs = dict(err.headers)
+        if req_id:
+            hdrs["X-Request-ID"] = req_id
+        return EarlyResponse(err.http_status, body, hdrs)
+
+    def _not_ready(self) -> ApiError:
+        rt = self.runtime
+        detail = f": {rt.load_error}" if rt.load_error else ""
+        return ApiError(E.NOT_READY, f"model not ready ({rt.readiness.value}){detail}")
+
+    def _rate_limited(self, request: IRequest) -> ApiError | None:
+        if self._rate_limiter is None:
+            return None
+        client = request.getClientAddress()
+        retry = self._rate_limiter.check(getattr(client, "host", "unknown"))
+        if retry == 0:
+            return None
+        return ApiError(
+            E.TOO_MANY_REQUESTS,
+            f"rate limit exceeded ({self.config.rate_limit_qps} requests/s per client)",
+            {"Retry-After": str(retry)},
+        )
+
+    def _parse_and_validate(self, request: IRequest):
+        """400 → 503 → 422: parse the envelope and let the model validate params."""
+        parsed = parse_envelope(request.content.read(), self._request_id_header(request))
+        rt = self.runtime
+        if not rt.ready or rt.validator is None:
+            raise self._not_ready()
+        try:
+            return rt.validator.validate(parsed), parsed.req_id
+        except Exception as exc:
+            raise to_api_error(exc) from exc
+
+    # -- errors from routing ----------------------------------------------------------
+
+    def _method_not_allowed(self, request: IRequest, failure: Any) -> bytes:
+        allow = ", ".join(sorted(failure.value.valid_methods or []))
+        err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
+        if request.path.startswith(b"/jobs"):
+            return self._job_error(request, err)
+        return self._envelope_error(request, err, self._request_id_header(request) or "")
+
+    def _not_found(self, request: IRequest, failure: Any) -> bytes:
+        path = request.path.decode("latin-1")
+        err = ApiError(E.NOT_FOUND, f"not found: {path}")
+        return self._job_error(request, err)
