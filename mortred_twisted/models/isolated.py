@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
@@ -98,9 +99,14 @@ class _ChildContext(RunContext):
         super().check_cancelled()
 
 
-def _child_main(model_type: str, options: dict[str, Any], root: str, conn: Connection) -> None:
+def _child_main(
+    model_type: str, options: dict[str, Any], root: str, niceness: int, conn: Connection
+) -> None:
     """Entry point of a worker process: load, then serve runs until told to stop."""
     from mortred_twisted.models.registry import create_model
+
+    if niceness > 0 and hasattr(os, "nice"):
+        os.nice(niceness)  # the server's reactor wins the CPU when both want it
 
     try:
         model = create_model(model_type, options, Path(root))
@@ -144,9 +150,15 @@ class IsolatedModel(Model):
     """A model instance living in a worker process (see the module docstring)."""
 
     def __init__(
-        self, model_type: str, options: Mapping[str, Any], root: Path, local: Model
+        self,
+        model_type: str,
+        options: Mapping[str, Any],
+        root: Path,
+        local: Model,
+        *,
+        niceness: int = 0,
     ) -> None:
-        self._args = (model_type, dict(options), str(root))
+        self._args = (model_type, dict(options), str(root), niceness)
         self._local = local  # in-process instance: validation only
         self.params_schema = local.params_schema
         self.uses_images = local.uses_images

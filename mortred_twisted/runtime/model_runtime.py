@@ -101,7 +101,9 @@ class ModelRuntime:
                 # lives in its own process (see models/isolated.py).
                 local = self._build_model(cfg.model_type, cfg.model_options, root)
                 return [
-                    IsolatedModel(cfg.model_type, cfg.model_options, root, local)
+                    IsolatedModel(
+                        cfg.model_type, cfg.model_options, root, local, niceness=cfg.worker_nice
+                    )
                     for _ in range(cfg.worker_nums)
                 ]
             return [

@@ -9,12 +9,16 @@ GIL policy: a model thread running Python glue (a sampler loop between torch ops
 holds the GIL for up to the interpreter's switch interval each time the reactor
 wants it back (5 ms by default), which is what makes an API slow while the model
 is busy. The service lowers the switch interval (``switch_interval_s``) while it
-runs; see docs/benchmarks.md for the measured effect.
+runs, and runs model threads at a lower OS scheduling priority (``niceness``) so
+the reactor wins the CPU whenever both want it; see docs/benchmarks.md for the
+measured effect.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -39,8 +43,11 @@ class ModelThreadPool(Service):
         *,
         name: str = "mortred-model",
         switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        niceness: int = 0,
     ) -> None:
         self._reactor = reactor
+        self._niceness = niceness
+        self._thread_state = threading.local()
         self.pool = ThreadPool(minthreads=size, maxthreads=size, name=name)
         self._switch_interval_s = switch_interval_s
         self._saved_switch_interval: float | None = None
@@ -73,4 +80,31 @@ class ModelThreadPool(Service):
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
         """Run ``fn(*args, **kwargs)`` on a pool thread; the Deferred fires on the reactor."""
+        if self._niceness:
+            return deferToThreadPool(self._reactor, self.pool, self._niced, fn, *args, **kwargs)
         return deferToThreadPool(self._reactor, self.pool, fn, *args, **kwargs)
+
+    def _niced(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Lower this pool thread's scheduling priority once, then run ``fn``."""
+        if not getattr(self._thread_state, "niced", False):
+            self._thread_state.niced = True
+            lower_thread_priority(self._niceness)
+        return fn(*args, **kwargs)
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Make the *calling thread* ``niceness`` steps nicer (Linux: threads are tasks).
+
+    Model work then yields the CPU to the reactor thread whenever both are runnable,
+    so API latency holds while models saturate the cores. Returns False where the
+    platform cannot do it (the call is then a no-op).
+    """
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + niceness))
+    except OSError:
+        return False
+    return True

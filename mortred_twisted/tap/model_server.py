@@ -194,7 +194,7 @@ def build_service(
     top = OrderedServices()
     threads = ModelThreadPool(
         reactor, config.worker_nums, name=f"mortred-{config.id}",
-        switch_interval_s=switch_interval_s,
+        switch_interval_s=switch_interval_s, niceness=config.worker_nice,
     )  # fmt: skip
     threads.setServiceParent(top)
     runtime = ModelRuntime(config, clock=reactor, threads=threads, metrics=ServerMetrics())

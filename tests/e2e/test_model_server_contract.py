@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import socket
 import threading
@@ -394,3 +395,22 @@ def test_sigterm_after_grace_fails_remaining_jobs_and_exits() -> None:
         assert outcome and outcome[0]["state"] == "failed"
         assert outcome[0]["error"] == "server shutting down: job abandoned"
         assert running
+
+
+def _nice_values(pid: int) -> dict[int, int]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[int(tid)] = int(fields[16])  # field 19 of stat: nice
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
+def test_model_threads_run_nicer_than_the_reactor() -> None:
+    """After a job ran, the model threads are at nice 10 and the reactor thread at 0."""
+    with model_server(ASYNC_CONF) as srv:
+        assert wait(srv, submit(srv, 0))["state"] == "done"
+        nice = _nice_values(srv.process.pid)
+        assert nice[srv.process.pid] == 0
+        assert 10 in nice.values()
