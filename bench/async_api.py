@@ -72,8 +72,8 @@ def job_body(delay_ms: int, mode: str = "sleep", steps: int = 10) -> bytes:
 
 
 @contextmanager
-def server(cfg: Path, cpus: str, isolation: str = "thread"):
-    env = {"MORTRED_WORKER_ISOLATION": isolation}
+def server(cfg: Path, cpus: str, isolation: str = "thread", nice: int = 10):
+    env = {"MORTRED_WORKER_ISOLATION": isolation, "MORTRED_WORKER_NICE": str(nice)}
     launcher = ("taskset", "-c", cpus)
     with model_server(cfg, env=env, launcher=launcher, args=("--grace", "0")) as srv:
         yield srv
@@ -187,16 +187,19 @@ def main() -> None:
     cfg.write_text(CONFIG)
     rows: list[str] = []
 
-    for label, mode, isolation in (
-        ("submit, pool idle (workers sleeping)", None, "thread"),
-        ("submit, every worker on CPU-bound torch work", "cpu", "thread"),
-        ("submit, every worker on pure-Python (GIL-holding) work", "python", "thread"),
-        ("submit, every worker on CPU-bound torch work", "cpu", "process"),
-        ("submit, every worker on pure-Python (GIL-holding) work", "python", "process"),
+    for label, mode, isolation, nice in (
+        ("pool idle (workers sleeping)", None, "thread", 10),
+        ("every worker on CPU-bound torch work", "cpu", "thread", 0),
+        ("every worker on CPU-bound torch work", "cpu", "thread", 10),
+        ("every worker on pure-Python (GIL-holding) work", "python", "thread", 0),
+        ("every worker on pure-Python (GIL-holding) work", "python", "thread", 10),
+        ("every worker on CPU-bound torch work", "cpu", "process", 10),
+        ("every worker on pure-Python (GIL-holding) work", "python", "process", 10),
     ):
-        with server(cfg, args.server_cpus, isolation) as srv:
+        with server(cfg, args.server_cpus, isolation, nice) as srv:
             stats = asyncio.run(submit_latency(srv.port, mode, args.submits_per_client))
-        rows.append(row(f"{label}, {isolation} workers, 32 submitters", stats))
+        name = f"submit ×32, {label}; {isolation} workers, nice {nice}"
+        rows.append(row(name, stats))
         print(rows[-1], flush=True)
 
     with server(cfg, args.server_cpus) as srv:
