@@ -128,6 +128,9 @@ class LimitedRequest(Request):
 
     def _reject(self, length: int) -> None:
         self._rejected = True
+        # The channel answers "Expect: 100-continue" right after gotLength(); the
+        # client must get our final answer instead of an invitation to upload.
+        self.requestHeaders.removeHeader(b"expect")
         channel = self.channel
         method = getattr(channel, "_command", b"") or b""
         path = getattr(channel, "_path", b"") or b""

@@ -291,6 +291,20 @@ def test_oversized_body_is_413_before_the_body_is_read(sync_server) -> None:
     assert b'"code":61' in response
 
 
+def test_expect_continue_with_an_oversized_body_gets_413_and_no_100(sync_server) -> None:
+    """A client asking '100-continue' for a too-large upload gets the 413, never a 100."""
+    with socket.create_connection(("127.0.0.1", sync_server.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
+        )
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 413")
+    assert b"100 Continue" not in response
+
+
 def test_precheck_order_405_before_413(sync_server) -> None:
     """An oversized body on a GET-only route is answered 405, not 413."""
     with socket.create_connection(("127.0.0.1", sync_server.port), timeout=10) as sock:
