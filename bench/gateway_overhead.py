@@ -15,8 +15,12 @@ connection count, alternately direct and through the gateway:
   and gateway throughput ≥ 60 % of direct);
 * ``POST <server_uri>`` sync infer with a zero-delay model.
 
-Prints a Markdown table (added p50/p99 = gateway minus direct; ratio = gateway
-throughput / direct throughput). Nothing here is a pass/fail test.
+Prints a Markdown table: added p50/p99 = gateway minus direct; ratio = gateway
+throughput / direct throughput in this run; CPU µs/req of the model (direct) and of
+the gateway process (read from /proc, so they hold even on a loaded machine); "ratio,
+own core" = the throughput ratio those CPU costs predict when the gateway has a core
+of its own (model CPU per request / the busier process's). Nothing here is a
+pass/fail test.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,8 +72,14 @@ fake_steps = 1
 """
 
 
+@dataclass
+class Gateway:
+    port: int
+    pid: int
+
+
 @contextmanager
-def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[int]:
+def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[Gateway]:
     """A gateway process for a one-entry catalog pointing at ``model_port``."""
     catalog = tmp / "conf" / "server"
     catalog.mkdir(parents=True)
@@ -104,7 +116,7 @@ def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[int]:
     try:
         if not started.wait(30) or proc.poll() is not None:
             raise RuntimeError("gateway did not start")
-        yield port
+        yield Gateway(port, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -139,18 +151,45 @@ async def load(port: int, method: str, path: str, token: str, clients: int, dura
     return await run_clients("127.0.0.1", port, clients, step, duration_s=duration)
 
 
-def row(name: str, clients: int, direct: Stats, via: Stats) -> str:
-    ratio = via.rate / direct.rate if direct.rate else float("nan")
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Cell:
+    """One measurement and the CPU the model and gateway processes spent on it."""
+
+    stats: Stats
+    model_us: float  # model CPU µs per request
+    gateway_us: float  # gateway CPU µs per request
+
+
+async def measured(pids: tuple[int, int], *args: Any) -> Cell:
+    before = [cpu_seconds(p) for p in pids]
+    stats = await load(*args)
+    after = [cpu_seconds(p) for p in pids]
+    n = max(1, stats.count)
+    return Cell(stats, (after[0] - before[0]) / n * 1e6, (after[1] - before[1]) / n * 1e6)
+
+
+def row(name: str, clients: int, direct: Cell, via: Cell) -> str:
+    d, v = direct.stats, via.stats
+    ratio = v.rate / d.rate if d.rate else float("nan")
+    # With the gateway on a core of its own, throughput is bounded by the busier process.
+    own_core = min(1.0, direct.model_us / max(via.gateway_us, via.model_us, 1e-9))
     return (
-        f"| {name} | {clients} | {direct.pct(50):.2f} / {direct.pct(99):.2f} | "
-        f"{via.pct(50):.2f} / {via.pct(99):.2f} | "
-        f"{via.pct(50) - direct.pct(50):+.2f} / {via.pct(99) - direct.pct(99):+.2f} | "
-        f"{direct.rate:.0f} | {via.rate:.0f} | {ratio:.0%} | {direct.errors + via.errors} |"
+        f"| {name} | {clients} | {d.pct(50):.2f} / {d.pct(99):.2f} | "
+        f"{v.pct(50):.2f} / {v.pct(99):.2f} | "
+        f"{v.pct(50) - d.pct(50):+.2f} / {v.pct(99) - d.pct(99):+.2f} | "
+        f"{d.rate:.0f} | {v.rate:.0f} | {ratio:.0%} | "
+        f"{direct.model_us:.0f} | {via.gateway_us:.0f} | {own_core:.0%} | {d.errors + v.errors} |"
     )
 
 
-async def scenario(model_port: int, gw_port: int, connections: list[int], duration: float
-                   ) -> list[str]:  # fmt: skip
+async def scenario(model_port: int, gw_port: int, pids: tuple[int, int], connections: list[int],
+                   duration: float) -> list[str]:  # fmt: skip
     job = await prepare_job(model_port)
     direct_job, gw_job = f"/jobs/{job}", f"/v1/models/BENCH/jobs/{job}"
     rows = []
@@ -161,8 +200,10 @@ async def scenario(model_port: int, gw_port: int, connections: list[int], durati
         ):
             await load(model_port, method, direct_path, INTERNAL, clients, 0.5)  # warm-up
             await load(gw_port, method, gw_path, TOKEN, clients, 0.5)
-            direct = await load(model_port, method, direct_path, INTERNAL, clients, duration)
-            via = await load(gw_port, method, gw_path, TOKEN, clients, duration)
+            direct = await measured(
+                pids, model_port, method, direct_path, INTERNAL, clients, duration
+            )
+            via = await measured(pids, gw_port, method, gw_path, TOKEN, clients, duration)
             rows.append(row(name, clients, direct, via))
             print(rows[-1], flush=True)
     return rows
@@ -185,14 +226,16 @@ def main() -> None:
         cfg.write_text(SERVER_TOML.format(port=18199))
         env = {"MORTRED_AUTH_TOKEN": INTERNAL}
         with model_server(cfg, env=env, launcher=("taskset", "-c", args.server_cpus)) as srv, \
-                gateway(tmp / "gw", srv.port, gw_cpus) as gw_port:  # fmt: skip
-            print(f"model :{srv.port} on cpus {args.server_cpus}, gateway :{gw_port} on "
+                gateway(tmp / "gw", srv.port, gw_cpus) as gw:  # fmt: skip
+            print(f"model :{srv.port} on cpus {args.server_cpus}, gateway :{gw.port} on "
                   f"cpus {gw_cpus}, client on cpus {args.client_cpus}, "
                   f"{args.duration} s per cell\n")  # fmt: skip
             print("| call | conns | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms "
-                  "| direct req/s | gateway req/s | ratio | errors |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|---|")
-            asyncio.run(scenario(srv.port, gw_port, connections, args.duration))
+                  "| direct req/s | gateway req/s | ratio | model CPU µs/req "
+                  "| gateway CPU µs/req | ratio, own core | errors |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            pids = (srv.process.pid, gw.pid)
+            asyncio.run(scenario(srv.port, gw.port, pids, connections, args.duration))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ model port is never a public address); everything else passes unchanged.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -27,12 +28,24 @@ def public_job_path(value: str, model_id: str) -> str:
     return value
 
 
+_FIELD_PATH = re.compile(rb'("(?:poll_url|result_url)"\s*:\s*")(/jobs/)')
+
+
 def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
     """A job body (submit 202, poll/wait 200) with ``poll_url``/``result_url``
     rewritten; byte for byte unchanged when it is not a JSON object or holds nothing
-    to rewrite."""
+    to rewrite.
+
+    Fast path (every poll pays it): relative ``/jobs/`` values are rewritten in the
+    bytes, keeping the rest of the body as the model wrote it. A key quoted inside a
+    JSON string is escaped (``\"poll_url\"``) and cannot match. Absolute URLs go
+    through the JSON round trip.
+    """
     if b"/jobs/" not in body:
-        return body  # the common poll answer: nothing to rewrite, skip the JSON round trip
+        return body
+    if b"://" not in body and body.lstrip()[:1] == b"{":
+        prefix = f"/v1/models/{quote(model_id, safe='')}/jobs/".encode()
+        return _FIELD_PATH.sub(lambda m: m.group(1) + prefix, body)
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):

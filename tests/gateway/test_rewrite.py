@@ -56,3 +56,36 @@ def test_non_json_bodies_pass_unchanged(body: bytes) -> None:
     except ValueError:
         pass
     assert rewrite_job_urls(body, "X") == body
+
+
+job_views = st.fixed_dictionaries(
+    {
+        "job_id": st.from_regex(r"job_[0-9a-f]{6}", fullmatch=True),
+        "state": st.sampled_from(["pending", "running", "done"]),
+        "poll_url": st.from_regex(r"/jobs/job_[0-9a-f]{6}", fullmatch=True),
+        "result_url": st.from_regex(r"/jobs/job_[0-9a-f]{6}/result", fullmatch=True),
+    },
+    optional={
+        "error": st.text(max_size=40),
+        "elapsed_ms": st.integers(0, 10**6),
+        "progress": st.fixed_dictionaries({"step": st.integers(0, 9)}),
+    },
+)
+
+
+@given(job_views, st.sampled_from([(",", ":"), (", ", ": ")]))
+def test_fast_path_equals_json_rewrite(doc: dict[str, object], seps: tuple[str, str]) -> None:
+    """The bytes fast path gives the same document as rewriting the parsed JSON."""
+    body = json.dumps(doc, separators=seps).encode()
+    out = json.loads(rewrite_job_urls(body, "DDPM"))
+    expected = dict(doc)
+    expected["poll_url"] = "/v1/models/DDPM" + str(doc["poll_url"])
+    expected["result_url"] = "/v1/models/DDPM" + str(doc["result_url"])
+    assert out == expected
+
+
+def test_key_inside_a_string_is_not_rewritten() -> None:
+    """Text that merely looks like a poll_url inside another value stays as it was."""
+    body = json.dumps({"error": 'x "poll_url": "/jobs/a"', "poll_url": "/jobs/b"}).encode()
+    out = json.loads(rewrite_job_urls(body, "M"))
+    assert out == {"error": 'x "poll_url": "/jobs/a"', "poll_url": "/v1/models/M/jobs/b"}
