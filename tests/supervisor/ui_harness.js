@@ -1,0 +1,99 @@
+// Runs the web UI's app.js under node with a tiny fake DOM and a scripted fetch, then
+// prints what the page shows as JSON (used by test_ui_node.py; no browser needed).
+"use strict";
+const fs = require("fs");
+const vm = require("vm");
+
+class Node_ {
+  constructor(tag) {
+    this.tagName = tag; this.children = []; this.attrs = {}; this.listeners = {};
+    this._text = ""; this.value = ""; this.checked = true; this.disabled = false;
+    this.files = []; this.scrollTop = 0; this.clientHeight = 0; this.scrollHeight = 0;
+  }
+  get options() { return this.children.filter((c) => c.tagName === "option"); }
+  setAttribute(k, v) { this.attrs[k] = String(v); if (k === "value") this.value = String(v); }
+  getAttribute(k) { return this.attrs[k]; }
+  addEventListener(type, fn) { (this.listeners[type] ||= []).push(fn); }
+  dispatchEvent(ev) { for (const fn of this.listeners[ev.type] || []) fn(ev); }
+  append(...items) {
+    for (const it of items) {
+      if (it instanceof Node_) {
+        this.children.push(it);
+        if (this.tagName === "select" && this.children.filter((c) => c.tagName === "option").length === 1) this.value = it.value;
+      } else this._text += String(it);
+    }
+  }
+  replaceChildren(...items) { this.children = []; this._text = ""; this.append(...items); }
+  get textContent() { return this._text + this.children.map((c) => c.textContent).join(""); }
+  set textContent(v) { this.children = []; this._text = String(v); }
+  querySelector(sel) {
+    const m = sel.match(/^option\[value="(.*)"\]$/);
+    return m ? this.options.find((o) => o.value === m[1]) || null : null;
+  }
+  getContext() { return { drawImage() {}, strokeRect() {}, fillText() {}, getImageData: () => ({ data: [] }), putImageData() {} }; }
+}
+
+const ids = {};
+for (const id of ["conn", "token-form", "token", "servers", "log-server", "log-follow", "logs",
+  "try-form", "try-model", "try-mode", "try-image", "try-params", "try-submit", "try-state",
+  "try-output", "try-json"]) {
+  ids[id] = new Node_(["log-server", "try-model", "try-mode"].includes(id) ? "select" : "div");
+}
+for (const v of ["sync", "async"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["try-mode"].append(o); }
+
+const scripted = JSON.parse(fs.readFileSync(process.argv[3], "utf8"));
+const calls = [];
+async function fetch(path, opts) {
+  calls.push({ path, method: opts.method, auth: opts.headers.Authorization || null, body: opts.body || null });
+  const key = `${opts.method} ${path.split("?")[0]}`;
+  const answer = scripted[key] || { status: 404, body: { error: "not scripted: " + key } };
+  const next = Array.isArray(answer) ? (answer.length > 1 ? answer.shift() : answer[0]) : answer;
+  return { status: next.status, text: async () => JSON.stringify(next.body) };
+}
+
+const store = {};
+const sandbox = {
+  document: { getElementById: (id) => ids[id], createElement: (t) => new Node_(t) },
+  fetch, console, JSON, Promise, Math, Object, Array, String, Number, URLSearchParams,
+  Event: class { constructor(type) { this.type = type; } },
+  localStorage: { getItem: (k) => store[k] ?? null, setItem: (k, v) => { store[k] = v; } },
+  location: { hash: "#token=ui-token", pathname: "/" },
+  history: { replaceState() {} },
+  setInterval: () => 0,
+  performance: { now: () => 0 },
+  btoa: (s) => Buffer.from(s).toString("base64"),
+  URL: { createObjectURL: () => "blob:x" },
+  Image: class { set src(v) { setTimeout(() => this.onload && this.onload(), 0); } },
+  Node: Node_,
+};
+sandbox.window = sandbox;
+vm.createContext(sandbox);
+vm.runInContext(fs.readFileSync(process.argv[2], "utf8"), sandbox);
+
+async function settle() { for (let i = 0; i < 50; i++) await new Promise((r) => setImmediate(r)); }
+
+(async () => {
+  await settle();
+  const rows = [];
+  const walk = (n) => { if (n.tagName === "tr" && n.attrs["data-server"]) rows.push({ id: n.attrs["data-server"], text: n.children.map((c) => c.textContent) }); n.children.forEach(walk); };
+  walk(ids.servers);
+  const headings = ids.servers.children.filter((c) => c.tagName === "h3").map((c) => c.textContent);
+  // Click "restart" on the first server row.
+  let restart = null;
+  const findBtn = (n) => { if (n.tagName === "button" && n.attrs["data-action"] === "restart" && !restart) restart = n; n.children.forEach(findBtn); };
+  findBtn(ids.servers);
+  restart.dispatchEvent({ type: "click" });
+  await settle();
+  // Try-it, async.
+  ids["try-model"].value = "FAKE_ASYNC";
+  ids["try-mode"].value = "async";
+  ids["try-params"].value = '{"delay_ms": 10}';
+  ids["try-form"].dispatchEvent({ type: "submit", preventDefault() {} });
+  await settle();
+  process.stdout.write(JSON.stringify({
+    rows, headings, logs: ids.logs.textContent, state: ids["try-state"].textContent,
+    json: ids["try-json"].textContent, outputs: ids["try-output"].children.map((c) => c.tagName),
+    calls, token: store["mortred.token"],
+    modelOptions: ids["try-model"].options.map((o) => o.value),
+  }));
+})().catch((e) => { console.error(e); process.exit(1); });
