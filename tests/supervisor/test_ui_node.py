@@ -38,11 +38,11 @@ CATALOG = {
 }
 
 
-def run_ui(tmp_path: Path, scripted: dict[str, Any]) -> dict[str, Any]:
+def run_ui(tmp_path: Path, scripted: dict[str, Any], mode: str = "async") -> dict[str, Any]:
     f = tmp_path / "scripted.json"
     f.write_text(json.dumps(scripted))
     out = subprocess.run(
-        ["node", str(HERE / "ui_harness.js"), str(STATIC / "app.js"), str(f)],
+        ["node", str(HERE / "ui_harness.js"), str(STATIC / "app.js"), str(f), mode],
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return dict(json.loads(out.stdout))
@@ -88,3 +88,30 @@ def test_ui_renders_servers_follows_logs_and_runs_an_async_job(tmp_path: Path) -
     assert "done" in ui["state"] and '"success"' in ui["json"]
     assert ui["outputs"] == ["img"]
     assert ui["modelOptions"] == ["FAKE_ASYNC", "DDPM"]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ([{"class_id": 1, "category": "car", "score": 0.9, "bbox": [1, 2, 10, 12]}],
+         ["canvas:result-canvas"]),
+        ({"width": 4, "height": 4, "masks": [
+            {"segmentation": {"size": [4, 4], "counts": [2, 3, 11]}, "bbox": [0, 0, 2, 2]}]},
+         ["canvas:result-canvas"]),
+        ({"class_id": 3, "category": "3", "scores": [0.1]}, ["p:result-class"]),
+    ],
+)  # fmt: skip
+def test_sync_results_are_drawn(tmp_path: Path, data: Any, expected: list[str]) -> None:
+    """Detections become boxes and masks an overlay on the input; classes a caption."""
+    ui = run_ui(
+        tmp_path,
+        {
+            "GET /api/v1/status": {"status": 200, "body": STATUS},
+            "GET /api/v1/catalog": {"status": 200, "body": CATALOG},
+            "POST /api/v1/infer": {"status": 200, "body": {"code": 0, "data": data}},
+        },
+        mode="sync",
+    )
+    submit = next(c for c in ui["calls"] if c["path"] == "/api/v1/infer")
+    assert json.loads(submit["body"])["images"] == ["QUJD"]
+    assert ui["outputs"] == expected and "HTTP 200" in ui["state"]

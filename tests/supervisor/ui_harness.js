@@ -65,6 +65,7 @@ const sandbox = {
   URL: { createObjectURL: () => "blob:x" },
   Image: class { set src(v) { setTimeout(() => this.onload && this.onload(), 0); } },
   Node: Node_,
+  FileReader: class { readAsDataURL() { this.result = "data:image/png;base64,QUJD"; setTimeout(() => this.onload(), 0); } },
 };
 sandbox.window = sandbox;
 vm.createContext(sandbox);
@@ -84,6 +85,19 @@ async function settle() { for (let i = 0; i < 50; i++) await new Promise((r) => 
   findBtn(ids.servers);
   restart.dispatchEvent({ type: "click" });
   await settle();
+  // Try-it: sync first when the scenario asks for it (detections / masks on the input).
+  if (process.argv[4] === "sync") {
+    ids["try-model"].value = "FAKE_ASYNC";
+    ids["try-mode"].value = "sync";
+    ids["try-image"].files = [{ name: "x.png" }];
+    ids["try-form"].dispatchEvent({ type: "submit", preventDefault() {} });
+    await settle();
+    await new Promise((r) => setTimeout(r, 20));
+    process.stdout.write(JSON.stringify({
+      outputs: ids["try-output"].children.map((c) => c.tagName + ":" + (c.attrs.class || "")),
+      calls, state: ids["try-state"].textContent }));
+    return;
+  }
   // Try-it, async.
   ids["try-model"].value = "FAKE_ASYNC";
   ids["try-mode"].value = "async";
