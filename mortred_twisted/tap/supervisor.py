@@ -51,8 +51,9 @@ log = Logger()
 class Options(usage.Options):
     """Command line of ``twistd mortred-supervisor``."""
 
+    DEFAULT_CONFIG = "conf/mortred.toml"
     optParameters = [
-        ["config", "c", "conf/mortred.toml", "Control-plane config (conf/mortred.toml)."],
+        ["config", "c", DEFAULT_CONFIG, "Control-plane config (conf/mortred.toml)."],
         ["api-host", None, None, "Management API host (overrides [supervisor] api_host)."],
         ["api-port", None, None, "Management API port (overrides [supervisor] api_port)."],
         ["gateway-port", None, None, "Gateway port (overrides [gateway] port)."],
@@ -73,8 +74,13 @@ class Options(usage.Options):
 
 
 def load_config(options: Options) -> ControlConfig:
+    """``--config`` (defaults built in when the default path does not exist), with the
+    command-line overrides applied."""
     path = Path(options["config"])
-    config = load_control_config(path)
+    if not path.exists() and options["config"] == Options.DEFAULT_CONFIG:
+        config = ControlConfig(root=str(Path.cwd()), source=str(path.resolve()))
+    else:
+        config = load_control_config(path)
     sup: dict[str, Any] = {}
     gw: dict[str, Any] = {}
     if options["api-host"] is not None:
