@@ -86,6 +86,7 @@ def test_t01_blocking_infer_baseline(plane: ControlPlane) -> None:
     assert doc["code"] == 0 and doc["msg"] == "success"
     assert took >= 1.0, "pick params so that one run takes a couple of seconds"
     S["t_infer"] = took
+    print(f"\nT1 infer {MODEL}: {took * 1000:.0f} ms")
 
 
 def test_t02_submit_is_202_at_once(plane: ControlPlane) -> None:
@@ -93,6 +94,7 @@ def test_t02_submit_is_202_at_once(plane: ControlPlane) -> None:
     code, headers, doc, took = submit(plane)
     assert code == 202, doc
     assert took < 0.5 and took < t_infer() / 4
+    print(f"\nT2 submit: {took * 1000:.1f} ms (T_infer {t_infer() * 1000:.0f} ms)")
     assert doc["job_id"].startswith("job_") and doc["state"] == "pending"
     prefix = f"/v1/models/{MODEL}/jobs/{doc['job_id']}"
     assert headers["location"] == prefix
@@ -148,6 +150,7 @@ def test_t06_wait_until_terminal(plane: ControlPlane) -> None:
     )
     assert code == 200 and json.loads(body)["state"] == "done"
     assert t_infer() * 0.5 < took < t_infer() * 2 + 5
+    print(f"\nT6 wait to done: {took * 1000:.0f} ms")
 
 
 def test_t07_wait_budget_expiry(plane: ControlPlane) -> None:
@@ -157,6 +160,7 @@ def test_t07_wait_budget_expiry(plane: ControlPlane) -> None:
     code, _, body, took = plane.gw("GET", f"{JOBS}/{doc['job_id']}/wait?timeout=200", timeout=10)
     assert code == 200 and json.loads(body)["state"] in ("pending", "running")
     assert 0.15 < took < 1.5
+    print(f"\nT7 wait?timeout=200: {took * 1000:.0f} ms")
     S["t7_job"] = doc["job_id"]
 
 
@@ -251,6 +255,7 @@ def test_t16_malformed_envelope_is_422_fast(plane: ControlPlane) -> None:
     """T16: a JSON body that is not an envelope is 422 in milliseconds, no job_id."""
     code, _, body, took = plane.gw("POST", JOBS, body={"not": "the envelope"}, timeout=10)
     assert code in (422, 400) and took < 0.5
+    print(f"\nT16 malformed envelope: {code} in {took * 1000:.1f} ms")
     assert "job_id" not in json.loads(body)
 
 
