@@ -43,6 +43,15 @@ def browser(plane: ControlPlane) -> Iterator[WebDriver]:
     wd.quit()
 
 
+def _click(wd: WebDriver, css: str) -> bool:
+    """Click, tolerating the table being re-rendered (every 2 s) between find and click."""
+    try:
+        wd.click(css)
+        return True
+    except OSError:  # urllib's HTTPError: stale element / not found yet
+        return False
+
+
 def _driver_up(wd: WebDriver) -> bool:
     try:
         wd._call("GET", "/status", timeout=2)
@@ -66,7 +75,11 @@ def test_servers_grouped_with_state(browser: WebDriver) -> None:
 def test_restart_button(browser: WebDriver, plane: ControlPlane) -> None:
     """Clicking restart on FAKE_SYNC restarts that process."""
     old = plane.status()["FAKE_SYNC"]["pid"]
-    browser.click('button[data-action="restart"][data-id="FAKE_SYNC"]')
+    wait_until(
+        lambda: _click(browser, 'button[data-action="restart"][data-id="FAKE_SYNC"]'),
+        10,
+        "restart button",
+    )
     wait_until(lambda: (s := plane.status()["FAKE_SYNC"])["ready"] and s["pid"] != old, 30,
                "FAKE_SYNC restarted")  # fmt: skip
 
