@@ -50,14 +50,21 @@ class LogBuffer:
         self._next = 0  # offset of the next complete line
         self._partial = b""
         self._file: LogFile | None = None
-        if file_path is not None:
-            file_path.parent.mkdir(parents=True, exist_ok=True)
+        self._file_path = file_path
+        self._rotate_bytes = rotate_bytes
+        self._keep = keep
+
+    def _open(self) -> LogFile | None:
+        """The log file, created on the first line (never-started children leave none)."""
+        if self._file is None and self._file_path is not None:
+            self._file_path.parent.mkdir(parents=True, exist_ok=True)
             self._file = LogFile(
-                file_path.name,
-                str(file_path.parent),
-                rotateLength=rotate_bytes,
-                maxRotatedFiles=keep or None,
+                self._file_path.name,
+                str(self._file_path.parent),
+                rotateLength=self._rotate_bytes,
+                maxRotatedFiles=self._keep or None,
             )
+        return self._file
 
     @property
     def first_available(self) -> int:
@@ -70,9 +77,10 @@ class LogBuffer:
 
     def append(self, data: bytes) -> None:
         """Add raw child output; incomplete trailing text waits for its newline."""
-        if self._file is not None:
-            self._file.write(data.decode("utf-8", "replace"))
-            self._file.flush()
+        log_file = self._open()
+        if log_file is not None:
+            log_file.write(data.decode("utf-8", "replace"))
+            log_file.flush()
         data = self._partial + data
         *complete, self._partial = data.split(b"\n")
         while len(self._partial) > MAX_LINE:
@@ -108,3 +116,4 @@ class LogBuffer:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._file_path = None
