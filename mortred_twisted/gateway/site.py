@@ -80,7 +80,9 @@ class GatewaySite(Site):
         max_connections: int = 0,
         access_log: bool = False,
     ) -> None:
-        super().__init__(resource)
+        # No form parsing: twisted.web would parse every POST's Content-Type with
+        # the email package looking for form data (~100 µs a request); bodies are JSON.
+        super().__init__(resource, parsePOSTFormSubmission=False)
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.access_log = access_log
