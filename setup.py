@@ -14,11 +14,9 @@ setup(
     description="AI model server on the Twisted reactor with an exact async job API",
     python_requires=">=3.11",
     packages=find_packages(include=["mortred_twisted", "mortred_twisted.*"])
-    + ["twisted.plugins"],
+    + ["mortred_twisted.ui.static", "twisted.plugins"],
     package_dir={"twisted.plugins": "twisted_plugins"},
-    package_data={
-        "mortred_twisted": ["ui/static/*", "ui/static/**/*"],
-    },
+    package_data={"mortred_twisted.ui.static": ["*.html", "*.js", "*.css"]},
     include_package_data=True,
     install_requires=[
         "twisted>=24.7",

@@ -35,4 +35,5 @@ def test_regular_install_into_a_fresh_venv_lists_the_plugins(tmp_path: Path) -> 
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert (site / "twisted" / "plugins" / "mortred_plugins.py").exists()
     assert (site / "mortred_twisted" / "jobs" / "ledger.py").exists()
+    assert (site / "mortred_twisted" / "ui" / "static" / "index.html").exists()
     assert not (site / "twisted_plugins").exists()
