@@ -26,10 +26,19 @@ import torch
 from scipy import ndimage
 
 from mortred_twisted.data.scenes import scene_split
+from mortred_twisted.models.classification.weights import (
+    MANIFEST_NAME,
+    read_manifest,
+    write_manifest_entry,
+)
 from mortred_twisted.models.segment_anything.amg import AmgConfig
 from mortred_twisted.models.segment_anything.network import PromptableSegmenter
-from mortred_twisted.models.segment_anything.sam_amg import create, load_for_eval
-from training.perception.common import ROOT, base_parser, setup
+from mortred_twisted.models.segment_anything.sam_amg import (
+    DEFAULT_WEIGHTS,
+    create,
+    load_for_eval,
+)
+from training.perception.common import ROOT, base_parser, command_line, setup
 from training.perception.metrics import mask_iou, mask_matching
 
 CONFIG = ROOT / "conf" / "model" / "segment_anything" / "sam_amg.toml"
@@ -94,10 +103,23 @@ def evaluate(
 def main() -> None:
     parser = base_parser(__doc__ or "")
     parser.add_argument("--val-scenes", type=int, default=100)
+    parser.add_argument(
+        "--record", action="store_true", help="store the figures in the weights manifest"
+    )
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    model = create(shipped_amg_options(), ROOT)
-    print(json.dumps(evaluate(model.generator.net, args.val_scenes), indent=2))
+    options = shipped_amg_options()
+    model = create(options, ROOT)
+    figures = evaluate(model.generator.net, args.val_scenes)
+    print(json.dumps(figures, indent=2))
+    if args.record:
+        weights = ROOT / DEFAULT_WEIGHTS
+        entry = read_manifest(weights.parent / MANIFEST_NAME)["files"][weights.name]
+        entry = {k: v for k, v in entry.items() if k not in ("sha256", "bytes")}
+        entry["figures"] = figures
+        entry["eval_command"] = command_line()
+        write_manifest_entry(weights, entry)
+        print(f"recorded in {weights.parent / MANIFEST_NAME}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def flip_batch(
 
 def main() -> None:
     parser = base_parser(__doc__ or "")
-    parser.add_argument("--steps", type=int, default=1800)
+    parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--images", type=int, default=8, help="scenes per step")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per scene")
     parser.add_argument("--lr", type=float, default=2e-3)
