@@ -422,9 +422,11 @@ def _nice_values(pid: int) -> dict[int, int]:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 def test_model_threads_run_nicer_than_the_reactor() -> None:
-    """After a job ran, the model threads are at nice 10 and the reactor thread at 0."""
+    """After a job ran, the model threads are 10 steps nicer than the reactor thread."""
     with model_server(ASYNC_CONF) as srv:
         assert wait(srv, submit(srv, 0))["state"] == "done"
         nice = _nice_values(srv.process.pid)
-        assert nice[srv.process.pid] == 0
-        assert 10 in nice.values()
+        base = nice[srv.process.pid]
+        if base >= 19:
+            pytest.skip("the server already runs at the lowest priority")
+        assert min(19, base + 10) in nice.values()

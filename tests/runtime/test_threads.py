@@ -17,6 +17,8 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pe
 def test_lowering_priority_affects_only_the_calling_thread() -> None:
     """A thread that lowers its priority gets nicer; the main thread keeps its own."""
     main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if main_before >= 19:
+        pytest.skip("already at the lowest priority (the run itself is niced)")
     seen: list[tuple[bool, int]] = []
 
     def worker() -> None:
