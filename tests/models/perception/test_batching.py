@@ -1,0 +1,220 @@
+"""Dynamic batching, per-item isolation, progress and cancellation, output formats
+(tiny random weights: these behaviours do not depend on training)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InputDecodeError,
+    InvalidRequest,
+    RunCancelled,
+    RunContext,
+)
+from mortred_twisted.models.classification import mobilenetv2
+from mortred_twisted.models.detection import yolov8
+from mortred_twisted.models.segment_anything import sam_amg
+from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+from tests.models.perception.conftest import ROOT, png_bytes
+
+RNG = np.random.default_rng(0)
+GOOD = png_bytes(RNG.integers(0, 256, (40, 56, 3), dtype=np.uint8))
+GOOD2 = png_bytes(RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+BAD = b"this is not a picture"
+
+
+def _req(*images: bytes, **params: object) -> InferenceRequest:
+    return InferenceRequest(req_id="t", images=tuple(images), params=dict(params))
+
+
+def _mobilenet(tiny_weights: Callable[[str], Path]) -> mobilenetv2.MobileNetV2Model:
+    mobilenetv2._SHARED.clear()
+    return mobilenetv2.create(
+        {
+            "model_weights_path": str(tiny_weights("MOBILENETV2")),
+            "model_class_names_path": "conf/model/classification/digits_class_names.txt",
+        },
+        ROOT,
+    )
+
+
+def _yolo(tiny_weights: Callable[[str], Path]) -> yolov8.YoloV8Model:
+    yolov8._SHARED.clear()
+    return yolov8.create(
+        {
+            "model_weights_path": str(tiny_weights("YOLOV8")),
+            "model_class_names_path": "conf/model/object_detection/shapes_class_names.txt",
+            "model_score_threshold": 0.0,
+        },
+        ROOT,
+    )
+
+
+def test_mobilenet_batch_isolates_a_bad_image(tiny_weights: Callable[[str], Path]) -> None:
+    """In one batch, an undecodable image fails alone; its mates get the same scores
+    as when run one by one."""
+    model = _mobilenet(tiny_weights)
+    reqs = [_req(GOOD), _req(BAD), _req(GOOD2), _req()]
+    out = model.run_batch(reqs, [RunContext() for _ in reqs])
+    assert isinstance(out[1], InputDecodeError) and isinstance(out[3], InputDecodeError)
+    for i in (0, 2):
+        single = model.run(reqs[i], RunContext())
+        assert out[i]["class_id"] == single["class_id"]
+        np.testing.assert_allclose(out[i]["scores"], single["scores"], atol=1e-5)
+        assert sum(out[i]["scores"]) == pytest.approx(1.0, abs=1e-4)
+        assert out[i]["category"] == str(out[i]["class_id"])
+
+
+def test_mobilenet_several_images_and_top_k(tiny_weights: Callable[[str], Path]) -> None:
+    """Two images give two results; top_k lists classes by decreasing score."""
+    model = _mobilenet(tiny_weights)
+    req = model.validate(_req(GOOD, GOOD2, top_k=3))
+    data = model.run(req, RunContext())
+    assert len(data["results"]) == 2
+    top = data["results"][0]["top_k"]
+    assert [t["score"] for t in top] == sorted((t["score"] for t in top), reverse=True)
+    with pytest.raises(InvalidRequest):
+        model.validate(_req(GOOD, top_k=0))
+
+
+def test_yolo_batch_isolation_and_boxes_inside_picture(
+    tiny_weights: Callable[[str], Path],
+) -> None:
+    """A bad image fails alone; boxes of a 56x40 picture lie inside it; at most top-k."""
+    model = _yolo(tiny_weights)
+    reqs = [model.validate(_req(GOOD, model_keep_top_k=7)), _req(BAD)]
+    out = model.run_batch(reqs, [RunContext(), RunContext()])
+    assert isinstance(out[1], InputDecodeError)
+    dets = out[0]
+    assert 0 < len(dets) <= 7
+    for det in dets:
+        x1, y1, x2, y2 = det["bbox"]
+        assert 0 <= x1 <= x2 <= 56 and 0 <= y1 <= y2 <= 40
+        assert det["category"] in ("circle", "rectangle", "triangle")
+    assert [d["score"] for d in dets] == sorted((d["score"] for d in dets), reverse=True)
+
+
+def test_yolo_letterbox_maps_back() -> None:
+    """Letterboxing a 100x50 picture scales by 64/100 and pads the bottom."""
+    pic, scale = yolov8.letterbox(np.zeros((50, 100, 3), np.uint8), 64)
+    assert scale == pytest.approx(0.64)
+    assert pic.shape == (64, 64, 3) and (pic[32:] == yolov8.PAD_VALUE).all()
+
+
+def _sam(tiny_weights: Callable[[str], Path], **opts: object) -> sam_amg.SamAmgModel:
+    sam_amg._SHARED.clear()
+    return sam_amg.create({"model_weights_path": str(tiny_weights("SAM_AMG")), **opts}, ROOT)
+
+
+def test_sam_progress_counts_prompt_batches(tiny_weights: Callable[[str], Path]) -> None:
+    """A 4x4 grid in batches of 5 reports 0..4 of 4 batches, for each of two images."""
+    model = _sam(tiny_weights, points_per_side=4, points_per_batch=5)
+    seen: list[tuple[int, int]] = []
+    ctx = RunContext(on_progress=lambda s, t: seen.append((s, t)))
+    data = model.run(model.validate(_req(GOOD, GOOD2)), ctx)
+    assert seen == [(i, 8) for i in range(9)]
+    assert len(data["results"]) == 2
+
+
+def test_sam_cancellation_stops_between_batches(tiny_weights: Callable[[str], Path]) -> None:
+    """Cancelling after the second batch raises RunCancelled before a third starts."""
+    model = _sam(tiny_weights, points_per_side=4, points_per_batch=4)
+    seen: list[int] = []
+    ctx = RunContext()
+
+    def on_progress(step: int, total: int) -> None:
+        seen.append(step)
+        if step == 2:
+            ctx.cancel()
+
+    ctx._on_progress = on_progress
+    with pytest.raises(RunCancelled):
+        model.run(model.validate(_req(GOOD)), ctx)
+    assert seen == [0, 1, 2]
+
+
+class DiscSegmenter:
+    """A scripted stand-in for the network: two objects (discs); a point inside a disc
+    gets that disc as its first mask (IoU 0.95) and two weak masks (IoU 0.5); a point
+    outside gets empty masks (IoU 0.1)."""
+
+    input_size = 64
+    discs = ((20.0, 20.0, 8.0), (44.0, 40.0, 12.0))
+
+    def __init__(self) -> None:
+        ys, xs = torch.meshgrid(torch.arange(64.0) + 0.5, torch.arange(64.0) + 0.5, indexing="ij")
+        self.masks = [((xs - x) ** 2 + (ys - y) ** 2 <= r * r) for x, y, r in self.discs]
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x,)
+
+    def predict_points(
+        self, features: object, points: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = torch.full((len(points), 3, 64, 64), -5.0)
+        iou = torch.full((len(points), 3), 0.1)
+        for i, (px, py) in enumerate(points.tolist()):
+            for mask, (x, y, r) in zip(self.masks, self.discs, strict=True):
+                if (px - x) ** 2 + (py - y) ** 2 <= r * r:
+                    logits[i, 0][mask] = 5.0
+                    logits[i, 1, :2, :2] = 5.0
+                    iou[i] = torch.tensor([0.95, 0.5, 0.5])
+        return logits, iou
+
+
+def _disc_model(**config: object) -> sam_amg.SamAmgModel:
+    generator = AutomaticMaskGenerator(DiscSegmenter())  # type: ignore[arg-type]
+    return sam_amg.SamAmgModel(generator, AmgConfig(**config))  # type: ignore[arg-type]
+
+
+def test_amg_filters_and_deduplicates_to_one_mask_per_object() -> None:
+    """With a scripted network, the AMG keeps exactly the two discs: weak masks fail
+    pred_iou_thresh, empty ones are dropped, duplicates from many points go by NMS."""
+    model = _disc_model(points_per_side=8, points_per_batch=10)
+    data = model.run(model.validate(_req(GOOD2)), RunContext())
+    assert (data["width"], data["height"]) == (64, 64)
+    masks = [sam_amg.rle_to_mask(m["segmentation"]) for m in data["masks"]]
+    assert len(masks) == 2
+    expected = sorted(DiscSegmenter().masks, key=lambda m: -int(m.sum()))
+    got = sorted(masks, key=lambda m: -int(m.sum()))
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e.numpy())
+    for record in data["masks"]:
+        _, _, w, h = record["bbox"]
+        assert record["area"] > 0 and w > 0 and h > 0
+        assert record["predicted_iou"] == pytest.approx(0.95)
+        assert record["stability_score"] == 1.0
+
+
+def test_sam_output_modes_and_overlay() -> None:
+    """RLE and PNG segmentations decode to the same masks; the overlay is a PNG of the
+    picture's size; a bad image is a decode error; an unknown mode is refused."""
+    model = _disc_model(points_per_side=4)
+    picture = png_bytes(np.zeros((40, 56, 3), np.uint8))
+    rle = model.run(model.validate(_req(picture)), RunContext())
+    png = model.run(
+        model.validate(_req(picture, output_mode="binary_mask_png", return_overlay=True)),
+        RunContext(),
+    )
+    assert (rle["width"], rle["height"]) == (56, 40)
+    assert len(rle["masks"]) == len(png["masks"]) > 0
+    for a, b in zip(rle["masks"], png["masks"], strict=True):
+        mask = sam_amg.rle_to_mask(a["segmentation"])
+        decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(b["segmentation"])))) > 0
+        np.testing.assert_array_equal(mask, decoded)
+        assert a["area"] == int(mask.sum()) and mask.shape == (40, 56)
+    overlay = Image.open(io.BytesIO(base64.b64decode(png["overlay"])))
+    assert overlay.size == (56, 40)
+    with pytest.raises(InputDecodeError):
+        model.run(model.validate(_req(BAD)), RunContext())
+    with pytest.raises(InvalidRequest):
+        model.validate(_req(picture, output_mode="jpeg"))
