@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from mortred_twisted.config.errors import ConfigErrors, did_you_mean
+from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 from mortred_twisted.config.server import find_root
 
 RESTART_POLICIES = ("on-failure", "always", "no")
@@ -159,20 +159,8 @@ def _section(cls: type, table: Any, where: str, problems: list[str]) -> dict[str
         if key not in types:
             problems.append(f"{where}.{key}: unknown key{did_you_mean(key, types)}")
             continue
-        expected = types[key]
-        if isinstance(value, bool) and bool not in expected:
-            problems.append(f"{where}.{key}: expected a number, got a boolean")
-            continue
-        if not isinstance(value, expected):
-            names = " or ".join(t.__name__ for t in expected)
-            problems.append(f"{where}.{key}: expected {names}, got {type(value).__name__}")
-            continue
-        lo, hi = _RANGES.get(key, (None, None))  # type: ignore[assignment]
-        if lo is not None and value < lo:
-            problems.append(f"{where}.{key}: must be >= {lo} (got {value})")
-            continue
-        if hi is not None and value > hi:
-            problems.append(f"{where}.{key}: must be <= {hi} (got {value})")
+        bounds = _RANGES.get(key, (None, None))
+        if not check_value(f"{where}.{key}", value, types[key], bounds, problems):  # type: ignore[arg-type]
             continue
         if key == "restart_policy" and value not in RESTART_POLICIES:
             problems.append(

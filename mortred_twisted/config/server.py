@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from mortred_twisted.config.errors import ConfigErrors, did_you_mean
+from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -162,22 +162,6 @@ def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
-def _check_value(key: str, value: Any, problems: list[str]) -> None:
-    types = SERVER_KEYS[key]
-    if isinstance(value, bool) and bool not in types:
-        problems.append(f"server.{key}: expected a number, got a boolean")
-        return
-    if not isinstance(value, types):
-        names = " or ".join(t.__name__ for t in types)
-        problems.append(f"server.{key}: expected {names}, got {type(value).__name__}")
-        return
-    lo, hi = _RANGES.get(key, (None, None))
-    if lo is not None and value < lo:
-        problems.append(f"server.{key}: must be >= {lo} (got {value})")
-    if hi is not None and value > hi:
-        problems.append(f"server.{key}: must be <= {hi} (got {value})")
-
-
 def build_server_config(
     document: Mapping[str, Any],
     *,
@@ -207,7 +191,9 @@ def build_server_config(
     if "id" not in server:
         problems.append("server.id: required (the catalog id, e.g. 'DDPM')")
     for key, value in server.items():
-        _check_value(key, value, problems)
+        check_value(
+            f"server.{key}", value, SERVER_KEYS[key], _RANGES.get(key, (None, None)), problems
+        )
     isolation = server.get("worker_isolation", "thread")
     if isolation not in ("thread", "process"):
         problems.append(
