@@ -95,15 +95,23 @@ PALETTE = np.array(
 )
 
 
-def overlay(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.55) -> np.ndarray:
-    """The picture with each mask tinted a palette colour (largest first, so small
-    masks stay visible on top)."""
+def mask_boundary(mask: np.ndarray) -> np.ndarray:
+    """Pixels of ``mask`` with a 4-neighbour outside it (or on the picture's edge)."""
+    padded = np.pad(mask, 1, constant_values=False)
+    inner = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    return mask & ~inner
+
+
+def overlay(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.5) -> np.ndarray:
+    """The picture with each mask tinted a palette colour and outlined in it (largest
+    first, so small masks stay visible on top)."""
     out = rgb.astype(np.float32).copy()
     order = sorted(range(len(masks)), key=lambda i: -int(masks[i].sum()))
     for rank, i in enumerate(order):
         colour = PALETTE[rank % len(PALETTE)]
         m = masks[i]
         out[m] = (1 - alpha) * out[m] + alpha * colour
+        out[mask_boundary(m)] = colour
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

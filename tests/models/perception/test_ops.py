@@ -100,3 +100,13 @@ def test_rle_round_trip(mask: np.ndarray) -> None:
     rle = mask_to_rle(mask)
     assert sum(rle["counts"]) == mask.size
     np.testing.assert_array_equal(rle_to_mask(rle), mask)
+
+
+def test_mask_boundary_ring() -> None:
+    """The boundary of a filled 3x3 square is its ring of 8 pixels."""
+    from mortred_twisted.models.segment_anything.sam_amg import mask_boundary
+
+    m = np.zeros((5, 5), bool)
+    m[1:4, 1:4] = True
+    ring = mask_boundary(m)
+    assert ring.sum() == 8 and not ring[2, 2] and ring[1, 1]
