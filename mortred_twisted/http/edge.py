@@ -51,7 +51,6 @@ class EdgeBase:
     config: ServerConfig
     _token: str | None
     _rate_limiter: RateLimiter | None
-    _metric_children: dict[tuple[str, int], tuple[Any, Any]]
 
     def _instrumented(self, label: str, handler: Callable) -> Callable:
         """Tag the request with its route and start time; :meth:`record_request`
@@ -69,19 +68,9 @@ class EdgeBase:
     def record_request(self, request: IRequest) -> None:
         """Count a finished request (the site's per-request hook; reactor thread)."""
         label = getattr(request, "mortred_route", None)
-        if label is None:
-            return
-        key = (label, request.code)
-        children = self._metric_children.get(key)
-        if children is None:
-            metrics = self.runtime.metrics
-            children = (
-                metrics.http_requests.labels(route=label, code=str(request.code)),
-                metrics.http_duration.labels(route=label),
-            )
-            self._metric_children[key] = children
-        children[0].inc()
-        children[1].observe((time.perf_counter() - request.mortred_started) * 1000.0)
+        if label is not None:
+            elapsed_ms = (time.perf_counter() - request.mortred_started) * 1000.0
+            self.runtime.metrics.http.record(label, request.code, elapsed_ms)
 
     @staticmethod
     def _headers(request: IRequest, req_id: str | None) -> None:

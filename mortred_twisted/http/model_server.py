@@ -66,7 +66,6 @@ class ModelServerApp(EdgeBase):
         self._token = self.config.auth_token or None
         self._rate_limiter = rate_limiter
         self._openapi_bytes: bytes | None = None
-        self._metric_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.app = Klein()
         route = self.app.route
         self._routes: dict[str, tuple[str, ...]] = {}
