@@ -129,7 +129,10 @@ def main() -> None:
     ae_sha = weights_mod.sha256_file(ae_path)
     with torch.no_grad():
         z = ae.encode(x_train.to(device))[0] * latent_scale
-    print(f"latents {tuple(z.shape)} scaled std {float(z.std()):.3f}")
+    print(
+        f"latents {tuple(z.shape)} scaled std {float(z.std()):.3f}, "
+        f"max |z| {float(z.abs().max()):.3f} (keep the LDM's latent_clip above it)"
+    )
     schedule = NoiseSchedule.create(
         SCHEDULE["beta_schedule"],
         SCHEDULE["timesteps"],

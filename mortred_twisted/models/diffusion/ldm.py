@@ -5,7 +5,12 @@ Model options: ``weights`` (latent UNet), ``autoencoder`` (autoencoder weights),
 relative to the project root; ``latent_dims``, ``downscale`` and ``latent_scale`` must
 match what the weights were trained with (they are checked against the manifest);
 ``beta_schedule``/``timesteps``/``beta_start``/``beta_end``; ``sampler`` (``ddim`` or
-``ddpm``), ``sample_steps``, ``eta``, ``device``, ``max_images``.
+``ddpm``), ``sample_steps``, ``eta``, ``device``, ``max_images``; ``latent_clip``
+(default 5.0; 0 = off) clamps the predicted clean latent to ``[-latent_clip,
+latent_clip]`` at every step. Without it the first steps from ``t = T-1``, where the
+cosine schedule's ``abar`` is ~1e-9, amplify the denoiser's error into latents far
+outside the training range, which the decoder turns into noise; the shipped scaled
+training latents lie within +-4.62.
 
 Request ``params``: ``sampler``, ``sample_steps``, ``eta`` (DDIM only), ``seed``,
 ``num_images``, ``predicted_x0`` (decoded snapshots).
@@ -54,6 +59,7 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
     latent_dims = reader.get("latent_dims", int, minimum=1)
     downscale = reader.get("downscale", int, minimum=1)
     latent_scale = reader.get("latent_scale", float, minimum=0.0)
+    latent_clip = reader.get("latent_clip", float, 5.0, minimum=0.0)
     reader.finish()
     device = pick_device(device_name)
     net, entry = load_unet(reader, root, device, conditional=False)
@@ -113,5 +119,5 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
         sample_shape=(latent_dims, size // downscale, size // downscale),
         image_size=size,
         decode=decode,
-        clip_x0=None,
+        clip_x0=latent_clip if latent_clip > 0.0 else None,
     )
