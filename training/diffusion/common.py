@@ -47,7 +47,14 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument(
-        "--max-minutes", type=float, default=20.0, help="stop early (and save) after this"
+        "--max-minutes", type=float, default=20.0, help="stop early (and save); 0 = no limit"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop after this many steps, keeping the learning-rate schedule of --steps "
+        "(replays a run that --max-minutes cut short)",
     )
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None, help="weights file to write")
@@ -78,6 +85,18 @@ def setup(args: argparse.Namespace) -> torch.device:
 def command_line() -> str:
     module = Path(sys.argv[0]).resolve().relative_to(ROOT).with_suffix("")
     return " ".join([".venv/bin/python -m " + ".".join(module.parts), *sys.argv[1:]])
+
+
+def replay_command(args: argparse.Namespace, steps_done: int, base: str | None = None) -> str:
+    """A command that replays this run step for step, whatever the machine's speed.
+
+    Runs cut short by ``--max-minutes`` depend on wall-clock time; the replay pins the
+    step count with ``--stop-after`` and lifts the time limit.
+    """
+    cmd = base or command_line()
+    if steps_done < args.steps:
+        cmd += f" --stop-after {steps_done} --max-minutes 0"
+    return cmd
 
 
 def digits_tensor(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,13 +185,16 @@ def train_eps(
         opt.step()
         ema.update(net)
         window.append(float(loss.detach()))
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+        stop = args.stop_after is not None and step + 1 >= args.stop_after
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps or stop:
             mean = sum(window) / len(window)
             curve.append((step + 1, mean))
             window.clear()
             elapsed = time.monotonic() - start
             print(f"step {step + 1:6d}  loss {mean:.5f}  {elapsed:7.1f}s", flush=True)
-            if elapsed > args.max_minutes * 60.0:
+            if stop:
+                break
+            if args.max_minutes > 0 and elapsed > args.max_minutes * 60.0:
                 print(f"stopping early: --max-minutes {args.max_minutes} reached")
                 break
     return ema.shadow, curve

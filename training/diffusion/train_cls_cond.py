@@ -49,6 +49,7 @@ def main() -> None:
             "schedule": SCHEDULE,
             "training": {
                 "command": common.command_line(),
+                "replay": common.replay_command(args, curve[-1][0]),
                 "data": common.DATA_DESCRIPTION + "; labels 0-9",
                 "seed": args.seed,
                 "resumed_from": str(args.resume) if args.resume else None,

@@ -160,6 +160,7 @@ def main() -> None:
             },
             "training": {
                 "command": common.command_line(),
+                "replay": common.replay_command(args, curve[-1][0]),
                 "data": "scaled autoencoder latent means of: " + common.DATA_DESCRIPTION,
                 "seed": args.seed,
                 "steps": curve[-1][0],
