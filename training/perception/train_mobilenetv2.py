@@ -1,6 +1,6 @@
 """Train MOBILENETV2 on scikit-learn digits with shift/scale/rotation/noise augmentation.
 
-Command (about 8 minutes on one CPU thread)::
+Command (10-35 minutes on one CPU thread, depending on the load)::
 
     .venv/bin/python -m training.perception.train_mobilenetv2
 

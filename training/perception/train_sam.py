@@ -1,6 +1,6 @@
 """Train the SAM-shaped promptable segmenter behind SAM_AMG on the synthetic scenes.
 
-Command (about 20 minutes on one CPU thread)::
+Command (15-40 minutes on one CPU thread, depending on the load)::
 
     .venv/bin/python -m training.perception.train_sam
 

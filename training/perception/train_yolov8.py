@@ -1,6 +1,6 @@
 """Train YOLOV8 on the synthetic shape scenes (train split), evaluate on val.
 
-Command (about 15 minutes on one CPU thread)::
+Command (15-30 minutes on one CPU thread, depending on the load)::
 
     .venv/bin/python -m training.perception.train_yolov8
 
