@@ -7,11 +7,12 @@ Algorithm (one crop: the whole picture), for one image:
    centres), ``points_per_batch`` at a time; each point yields ``num_masks`` masks;
 3. keep masks whose predicted IoU is ``> pred_iou_thresh`` and whose stability score
    (:func:`stability_score`, offset ``stability_score_offset``) is
-   ``> stability_score_thresh``; logits are resized to the picture's size and
-   thresholded at 0;
+   ``> stability_score_thresh`` - both at the model's resolution (the letterbox's
+   picture area), so the cost does not grow with the picture;
 4. after every batch: ``progress(batches_done, batches_total)``, then
    ``check_cancelled()``;
 5. greedy box NMS over the masks' boxes at ``box_nms_thresh``, scored by predicted IoU;
+   the survivors' logits are resized to the picture's size and thresholded at 0;
 6. if ``min_mask_region_area > 0``: remove holes and islands smaller than that (pixels)
    from each mask, then NMS again preferring unchanged masks (as SAM does).
 
@@ -142,7 +143,7 @@ class AutomaticMaskGenerator:
         features = self.net.embed(x)
         valid_h, valid_w = max(1, round(h * scale)), max(1, round(w * scale))
         points = build_point_grid(config.points_per_side) * np.array([w, h])
-        kept_masks: list[torch.Tensor] = []
+        kept_logits: list[torch.Tensor] = []
         kept_iou: list[torch.Tensor] = []
         kept_stab: list[torch.Tensor] = []
         kept_pts: list[torch.Tensor] = []
@@ -151,32 +152,46 @@ class AutomaticMaskGenerator:
             logits, iou = self.net.predict_points(features, (pts * scale).to(self.device))
             logits, iou = logits.float().cpu(), iou.float().cpu()
             k = logits.shape[1]
-            logits = logits.flatten(0, 1)
+            # Filters run at the model's resolution (the letterbox's picture area), so
+            # a large picture costs no more than a small one until the survivors are
+            # resized; IoU-based NMS is unchanged by the uniform scale.
+            logits = logits.flatten(0, 1)[:, :valid_h, :valid_w]
             iou = iou.flatten()
             pts_rep = pts.repeat_interleave(k, 0)
-            keep = iou > config.pred_iou_thresh
-            if keep.any():
-                logits = logits[keep][:, :valid_h, :valid_w]
-                if (valid_h, valid_w) != (h, w):
-                    logits = F.interpolate(
-                        logits[:, None], size=(h, w), mode="bilinear", align_corners=False
-                    )[:, 0]
-                stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)
-                good = stab > config.stability_score_thresh
-                masks = logits[good] > config.mask_threshold
-                nonempty = masks.flatten(1).any(1)
-                kept_masks.append(masks[nonempty])
-                kept_iou.append(iou[keep][good][nonempty])
-                kept_stab.append(stab[good][nonempty])
-                kept_pts.append(pts_rep[keep][good][nonempty])
+            stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)
+            keep = (iou > config.pred_iou_thresh) & (stab > config.stability_score_thresh)
+            keep &= (logits > config.mask_threshold).flatten(1).any(1)
+            kept_logits.append(logits[keep])
+            kept_iou.append(iou[keep])
+            kept_stab.append(stab[keep])
+            kept_pts.append(pts_rep[keep])
             if on_batch is not None:
                 on_batch()
-        if not kept_masks:
+        low = torch.cat(kept_logits)
+        if not len(low):
             return []
-        masks = torch.cat(kept_masks)
         ious, stabs, pts_all = torch.cat(kept_iou), torch.cat(kept_stab), torch.cat(kept_pts)
-        order = nms(masks_to_boxes_xyxy(masks), ious, config.box_nms_thresh)
-        masks, ious, stabs, pts_all = masks[order], ious[order], stabs[order], pts_all[order]
+        order = nms(masks_to_boxes_xyxy(low > config.mask_threshold), ious, config.box_nms_thresh)
+        low, ious, stabs, pts_all = low[order], ious[order], stabs[order], pts_all[order]
+        if (valid_h, valid_w) != (h, w):
+            masks = torch.cat(
+                [
+                    F.interpolate(
+                        chunk[:, None], size=(h, w), mode="bilinear", align_corners=False
+                    )[:, 0]
+                    > config.mask_threshold
+                    for chunk in low.split(16)
+                ]
+            )
+        else:
+            masks = low > config.mask_threshold
+        nonempty = masks.flatten(1).any(1)
+        masks, ious, stabs, pts_all = (
+            masks[nonempty],
+            ious[nonempty],
+            stabs[nonempty],
+            pts_all[nonempty],
+        )
         if config.min_mask_region_area > 0 and len(masks):
             masks, ious, stabs, pts_all = self._postprocess_small_regions(
                 masks, ious, stabs, pts_all, config

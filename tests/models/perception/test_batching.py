@@ -218,3 +218,18 @@ def test_sam_output_modes_and_overlay() -> None:
         model.run(model.validate(_req(BAD)), RunContext())
     with pytest.raises(InvalidRequest):
         model.validate(_req(picture, output_mode="jpeg"))
+
+
+def test_amg_large_picture_masks_at_picture_size() -> None:
+    """A 320x320 picture is filtered at model resolution; the kept masks come back at
+    the picture's size, scaled like the picture (the disc of radius 12 px at model
+    scale covers about (12 * 5)^2 * pi px)."""
+    model = _disc_model(points_per_side=8)
+    data = model.run(
+        model.validate(_req(png_bytes(np.zeros((320, 320, 3), np.uint8)))), RunContext()
+    )
+    assert (data["width"], data["height"]) == (320, 320)
+    masks = [sam_amg.rle_to_mask(m["segmentation"]) for m in data["masks"]]
+    assert len(masks) == 2 and all(m.shape == (320, 320) for m in masks)
+    expected = np.pi * (12 * 5) ** 2
+    assert max(int(m.sum()) for m in masks) == pytest.approx(expected, rel=0.05)
