@@ -114,3 +114,27 @@ def test_sam_amg_golden_scene_1() -> None:
     pred = np.stack([rle_to_mask(m["segmentation"]) for m in masks])
     best = mask_matching(pred, scene_split("demo", 2)[1].masks)
     assert (best >= SAM_GOLDEN["min_best_iou"]).all(), best
+
+
+def _jpeg(name: str, quality: int = 90) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.open(DEMO / name).convert("RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def test_jpeg_inputs_give_the_png_answers(mobilenet: Model, yolo: Model) -> None:
+    """JPEG-encoded demo pictures (quality 90) get the same class and boxes within
+    IoU 0.9 of the PNG originals."""
+    req = InferenceRequest("jpeg", (_jpeg("digit_canvas_5.png"),))
+    assert mobilenet.run(mobilenet.validate(req), RunContext())["class_id"] == 5
+    png_dets = _run(yolo, "scene_1.png")
+    jpg_dets = yolo.run(yolo.validate(InferenceRequest("j", (_jpeg("scene_1.png"),))), RunContext())
+    assert [d["category"] for d in jpg_dets] == [d["category"] for d in png_dets]
+    iou = box_iou_np(
+        np.array([d["bbox"] for d in png_dets]), np.array([d["bbox"] for d in jpg_dets])
+    )
+    assert (np.diag(iou) >= 0.9).all()
