@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -111,7 +110,6 @@ def main() -> None:
     )
     log(f"figures: {figures}")
     log(f"wrote {out_path} sha256={entry['sha256']} bytes={entry['bytes']}")
-    _ = np  # numpy seeded in setup()
 
 
 if __name__ == "__main__":

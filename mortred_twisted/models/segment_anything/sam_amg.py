@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from mortred_twisted.models.base import (
     InferenceRequest,
@@ -258,6 +257,3 @@ def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
 def load_for_eval(net: PromptableSegmenter, **overrides: Any) -> SamAmgModel:
     """A model around an in-memory network (training and evaluation scripts)."""
     return SamAmgModel(AutomaticMaskGenerator(net.eval()), replace(AmgConfig(), **overrides))
-
-
-_ = torch  # torch is this family's runtime; imported for the device types above
