@@ -90,13 +90,46 @@ def masks_to_boxes_xyxy(masks: torch.Tensor) -> torch.Tensor:
     return torch.where(cols.any(1)[:, None], boxes, torch.zeros_like(boxes))
 
 
+def label_components_torch(work: np.ndarray) -> tuple[np.ndarray, int]:
+    """4-connected components of a boolean picture by label propagation (each pixel
+    takes the largest label among itself and its 4 neighbours until nothing changes);
+    labels ``1..n`` in order of first appearance (row-major), 0 outside."""
+    mask = torch.from_numpy(np.ascontiguousarray(work, dtype=bool))
+    h, w = mask.shape
+    labels = torch.arange(1, h * w + 1, dtype=torch.int64).reshape(h, w) * mask
+    while True:
+        p = F.pad(labels, (1, 1, 1, 1))
+        spread = (
+            torch.stack([labels, p[:-2, 1:-1], p[2:, 1:-1], p[1:-1, :-2], p[1:-1, 2:]]).amax(0)
+            * mask
+        )
+        if torch.equal(spread, labels):
+            break
+        labels = spread
+    flat = labels.reshape(-1).numpy()
+    uniq, first = np.unique(flat[flat > 0], return_index=True)
+    order = uniq[np.argsort(first, kind="stable")]
+    lut = np.zeros(h * w + 1, dtype=np.int64)
+    lut[order] = np.arange(1, len(order) + 1)
+    return lut[flat].reshape(h, w), len(order)
+
+
+def label_components(work: np.ndarray) -> tuple[np.ndarray, int]:
+    """4-connected components (``scipy.ndimage.label`` when SciPy is installed, else
+    :func:`label_components_torch`; both number components in row-major order)."""
+    try:
+        from scipy import ndimage
+    except ImportError:
+        return label_components_torch(work)
+    labels, n = ndimage.label(work)
+    return labels, int(n)
+
+
 def remove_small_regions(mask: np.ndarray, area_thresh: int, mode: str) -> tuple[np.ndarray, bool]:
     """Remove ``holes`` or ``islands`` smaller than ``area_thresh`` px; ``(mask, changed)``."""
-    from scipy import ndimage
-
     correct_holes = mode == "holes"
     work = (~mask if correct_holes else mask).astype(bool)
-    labels, n = ndimage.label(work)
+    labels, n = label_components(work)
     if n == 0:
         return mask, False
     sizes = np.bincount(labels.ravel())[1:]

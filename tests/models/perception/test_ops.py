@@ -110,3 +110,17 @@ def test_mask_boundary_ring() -> None:
     m[1:4, 1:4] = True
     ring = mask_boundary(m)
     assert ring.sum() == 8 and not ring[2, 2] and ring[1, 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(bool, st.tuples(st.integers(1, 10), st.integers(1, 10))))
+def test_torch_component_labels_match_scipy(work: np.ndarray) -> None:
+    """The SciPy-free labelling finds the same 4-connected components, same numbering."""
+    from scipy import ndimage
+
+    from mortred_twisted.models.segment_anything.amg import label_components_torch
+
+    expected, n = ndimage.label(work)
+    labels, m = label_components_torch(work)
+    assert m == n
+    np.testing.assert_array_equal(labels, expected)
