@@ -36,6 +36,26 @@ def test_mobilenetv2_infer_and_no_jobs() -> None:
         assert srv.json("POST", "/jobs", {"images": [b64("digit_3.png")]})[0] == 404
 
 
+def test_mobilenetv2_concurrent_requests_fail_alone() -> None:
+    """Eight concurrent /infer requests (dynamically batched by the server) with one
+    undecodable image: that one gets 400 code 3, the seven others their digits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    uri = "/mortred/classification/mobilenetv2"
+    bad = base64.b64encode(b"not a picture").decode()
+    bodies = [{"req_id": f"r{i}", "images": [b64(f"digit_{i}.png")]} for i in range(7)]
+    bodies.insert(3, {"req_id": "bad", "images": [bad]})
+    conf = "conf/server/classification/mobilenetv2.toml"
+    with model_server(conf) as srv, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda b: srv.json("POST", uri, b), bodies))
+    for body, (status, doc) in zip(bodies, answers, strict=True):
+        assert doc["req_id"] == body["req_id"]
+        if body["req_id"] == "bad":
+            assert (status, doc["code"]) == (400, 3)
+        else:
+            assert status == 200 and doc["data"]["class_id"] == int(body["req_id"][1:])
+
+
 def test_yolov8_infer_and_no_jobs() -> None:
     """A demo scene yields boxed detections over HTTP; /jobs is 404."""
     with model_server("conf/server/object_detection/yolov8.toml") as srv:
