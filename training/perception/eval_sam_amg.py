@@ -2,7 +2,7 @@
 
 Command (a minute or two)::
 
-    .venv/bin/python -m training.perception.eval_sam_amg [--val-scenes 100]
+    .venv/bin/python -m training.perception.eval_sam_amg [--val-scenes 100] [--set KEY=VALUE]
 
 Runs the served automatic mask generator with the shipped config
 (``conf/model/segment_anything/sam_amg.toml``) and verified weights, and prints:
@@ -106,11 +106,24 @@ def main() -> None:
     parser.add_argument(
         "--record", action="store_true", help="store the figures in the weights manifest"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a generator setting of the shipped config (repeatable)",
+    )
     args = parser.parse_args()
     setup(args.seed, args.threads)
     options = shipped_amg_options()
+    for item in args.set:
+        key, _, value = item.partition("=")
+        kind = type(getattr(AmgConfig(), key))
+        options[key] = kind(value)
+    if args.set and args.record:
+        parser.error("--record stores the shipped config's figures; drop --set")
     model = create(options, ROOT)
-    figures = evaluate(model.generator.net, args.val_scenes)
+    figures = evaluate(model.generator.net, args.val_scenes, options)
     print(json.dumps(figures, indent=2))
     if args.record:
         weights = ROOT / DEFAULT_WEIGHTS
