@@ -1,7 +1,7 @@
 """Shared plumbing of the perception training scripts: flags, seeding, timing.
 
 Every script is one command (``.venv/bin/python -m training.perception.<name>``),
-seeded (same seed, same threads -> same weights on one machine), prints its figures
+seeded (python, numpy and torch from ``--seed``), prints its figures
 and writes weights plus a manifest entry under ``weights/perception/``.
 """
 

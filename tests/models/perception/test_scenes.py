@@ -55,3 +55,12 @@ def test_digit_canvas_is_bounded_and_seeded() -> None:
     b = render_digit_canvas(digit, np.random.default_rng(1), 20)
     assert a.shape == (20, 20) and a.min() >= 0 and a.max() <= 1
     np.testing.assert_array_equal(a, b)
+
+
+def test_scene_generator_imports_no_torch() -> None:
+    """The data layer stays torch-free (torch lives under mortred_twisted/models/)."""
+    import subprocess
+    import sys
+
+    code = "import sys, mortred_twisted.data.scenes; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
