@@ -49,6 +49,7 @@ class ServerConfig:
     max_batch_delay_ms: float = 0.0
     worker_isolation: str = "thread"
     worker_nice: int = 10
+    torch_threads: int = 0  # intra-op threads; 0 = CPUs // worker_nums
     async_enabled: bool = False
     async_timeout: int = 600000
     async_max_queue: int = 8
@@ -85,6 +86,7 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "max_batch_delay_ms": (int, float),
         "worker_isolation": (str,),
         "worker_nice": (int,),
+        "torch_threads": (int,),
         "async_enabled": (bool,),
         "async_timeout": (int,),
         "async_max_queue": (int,),
@@ -111,6 +113,7 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "max_batch_size": (1, 1024),
     "max_batch_delay_ms": (0, 10000),
     "worker_nice": (0, 19),
+    "torch_threads": (0, 1024),
     "async_timeout": (0, None),
     # async_max_queue <= 0 is legal: it admits nothing (seed contract).
     "async_job_ttl": (0, None),

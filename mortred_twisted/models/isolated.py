@@ -100,10 +100,16 @@ class _ChildContext(RunContext):
 
 
 def _child_main(
-    model_type: str, options: dict[str, Any], root: str, niceness: int, conn: Connection
+    model_type: str,
+    options: dict[str, Any],
+    root: str,
+    niceness: int,
+    torch_threads: int,
+    conn: Connection,
 ) -> None:
     """Entry point of a worker process: load, then serve runs until told to stop."""
     from mortred_twisted.models.registry import create_model
+    from mortred_twisted.models.threads import apply_torch_threads
 
     if niceness > 0 and hasattr(os, "nice"):
         os.nice(niceness)  # the server's reactor wins the CPU when both want it
@@ -113,6 +119,7 @@ def _child_main(
     except BaseException as exc:
         conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
         return
+    apply_torch_threads(torch_threads)
     conn.send(("ready",))
     while True:
         try:
@@ -157,8 +164,9 @@ class IsolatedModel(Model):
         local: Model,
         *,
         niceness: int = 0,
+        torch_threads: int = 1,
     ) -> None:
-        self._args = (model_type, dict(options), str(root), niceness)
+        self._args = (model_type, dict(options), str(root), niceness, torch_threads)
         self._local = local  # in-process instance: validation only
         self.params_schema = local.params_schema
         self.uses_images = local.uses_images

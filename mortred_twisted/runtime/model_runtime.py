@@ -26,6 +26,7 @@ from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model
 from mortred_twisted.models.isolated import IsolatedModel
 from mortred_twisted.models.registry import create_model
+from mortred_twisted.models.threads import apply_torch_threads, torch_threads_for
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.execution import ThreadRunner
 from mortred_twisted.runtime.inference import SyncInference
@@ -94,7 +95,14 @@ class ModelRuntime:
         """Build ``worker_nums`` instances on the model thread pool, then wire up."""
         cfg = self.config
 
+        threads = torch_threads_for(cfg.torch_threads, cfg.worker_nums)
+
         def build_all() -> list[Model]:
+            models = build()
+            apply_torch_threads(threads)
+            return models
+
+        def build() -> list[Model]:
             root = Path(cfg.root)
             if cfg.worker_isolation == "process":
                 # One in-process instance validates requests; each worker's model
@@ -102,7 +110,12 @@ class ModelRuntime:
                 local = self._build_model(cfg.model_type, cfg.model_options, root)
                 return [
                     IsolatedModel(
-                        cfg.model_type, cfg.model_options, root, local, niceness=cfg.worker_nice
+                        cfg.model_type,
+                        cfg.model_options,
+                        root,
+                        local,
+                        niceness=cfg.worker_nice,
+                        torch_threads=threads,
                     )
                     for _ in range(cfg.worker_nums)
                 ]
