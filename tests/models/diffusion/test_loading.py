@@ -120,6 +120,7 @@ def test_every_option_problem_is_reported_at_once(build: Callable[..., Any]) -> 
     [
         ({"latent_scale": 2.0}, "latent_scale"),
         ({"latent_dims": 3}, "latent_dims"),
+        ({"latent_clip": -1.0}, "latent_clip: must be >= 0.0"),
         ({"autoencoder": "weights/diffusion/unet.pt"}, "expected 'autoencoder'"),
     ],
 )

@@ -59,3 +59,20 @@ def test_bad_params_are_422_before_admission(server, params, field) -> None:
     """Out-of-range or unknown params are refused with 422 naming the field."""
     status, doc = server.json("POST", "/jobs", {"images": [IMG], "req_id": "x", "params": params})
     assert status == 422 and field in doc["error"] and "job_id" not in doc, doc
+
+
+@pytest.mark.slow
+def test_default_schedule_job_is_admitted_long_before_it_finishes(server) -> None:
+    """At the default 1000 steps the 202 comes back while the job is still pending/running."""
+    body = {"images": [IMG], "req_id": "ddpm-long", "params": {"seed": 1}}
+    status, doc = server.json("POST", "/jobs", body)
+    assert status == 202, doc
+    job = doc["job_id"]
+    status, poll = server.json("GET", f"/jobs/{job}")
+    assert status == 200 and poll["state"] in ("pending", "running"), poll
+    status, early = server.json("GET", f"/jobs/{job}/result")
+    assert status == 409, early
+    status, waited = server.json("GET", f"/jobs/{job}/wait?timeout=120000", timeout=180)
+    assert status == 200 and waited["state"] == "done", waited
+    status, result = server.json("GET", f"/jobs/{job}/result")
+    assert status == 200 and result["data"]["steps"] == 1000
