@@ -16,6 +16,7 @@ Thread contract: reactor thread only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -214,23 +215,30 @@ class ModelServerApp(EdgeBase):
             request, 202, json_bytes(body), req_id, {"Location": f"/jobs/{job_id}"}
         )
 
-    def _status_body(self, snap: JobSnapshot) -> bytes:
-        doc: dict[str, Any] = {
-            "job_id": snap.job_id,
-            "state": snap.state.value,
-            "elapsed_ms": snap.elapsed_ms,
-        }
+    @staticmethod
+    def _status_body(snap: JobSnapshot) -> bytes:
+        """The status answer, assembled directly (every poll builds one).
+
+        Job ids are ``job_`` + hex and states are fixed words, so only the free text
+        (``error``, ``req_id``) goes through the JSON encoder.
+        """
+        job_id = snap.job_id
+        parts = [
+            f'{{"job_id":"{job_id}","state":"{snap.state.value}","elapsed_ms":{snap.elapsed_ms}'
+        ]
         if snap.error is not None:
-            doc["error"] = snap.error
+            parts.append(f',"error":{json.dumps(snap.error)}')
         if snap.progress is not None:
-            doc["progress"] = {"step": snap.progress[0], "total": snap.progress[1]}
+            parts.append(f',"progress":{{"step":{snap.progress[0]},"total":{snap.progress[1]}}}')
         if snap.queued_ms is not None:
-            doc["queued_ms"] = snap.queued_ms
+            parts.append(f',"queued_ms":{snap.queued_ms}')
         if snap.completed_unix is not None:
-            doc["completed_at"] = round(snap.completed_unix, 6)
-        doc["req_id"] = snap.task_id
-        doc.update(self._job_urls(snap.job_id))
-        return json_bytes(doc)
+            parts.append(f',"completed_at":{snap.completed_unix:.6f}')
+        parts.append(
+            f',"req_id":{json.dumps(snap.task_id)},"poll_url":"/jobs/{job_id}",'
+            f'"result_url":"/jobs/{job_id}/result"}}'
+        )
+        return "".join(parts).encode("utf-8")
 
     def _job_lookup_error(self, request: IRequest, job_id: str) -> bytes:
         err = ApiError(E.NOT_FOUND, f"job not found: {job_id}")

@@ -217,3 +217,33 @@ def test_fast_routes_and_klein_answer_identically() -> None:
         klein_answer = call(klein, method, url, body)
         assert fast_answer[0] == klein_answer[0], url
         assert fast_answer[2] == klein_answer[2], url
+
+
+def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
+    """The hand-assembled status answer escapes free text exactly as json.dumps does."""
+    from mortred_twisted.jobs.ledger import JobSnapshot
+    from mortred_twisted.jobs.states import JobState
+
+    snap = JobSnapshot(
+        job_id="job_00ff",
+        state=JobState.FAILED,
+        task_id='req "quoted" \\ back\nslash ☃',
+        elapsed_ms=12,
+        error='ValueError: bad "pixels"\n\ttab \u2028',
+        progress=(3, 7),
+        queued_ms=1,
+        completed_unix=1764500000.123456,
+    )
+    doc = json.loads(ModelServerApp._status_body(snap))
+    assert doc == {
+        "job_id": "job_00ff",
+        "state": "failed",
+        "elapsed_ms": 12,
+        "error": snap.error,
+        "progress": {"step": 3, "total": 7},
+        "queued_ms": 1,
+        "completed_at": 1764500000.123456,
+        "req_id": snap.task_id,
+        "poll_url": "/jobs/job_00ff",
+        "result_url": "/jobs/job_00ff/result",
+    }
