@@ -4,8 +4,8 @@ Selected with ``[model] type = "fake"``. Options (model TOML or ``[model]`` keys
 
 * ``fake_delay_ms`` (int, default 1000): how long a run takes.
 * ``fake_mode``: ``"sleep"`` (releases the GIL, like a GPU-bound model),
-  ``"cpu"`` (real torch matrix work for the whole delay: a CPU-bound model whose
-  ops release the GIL between Python glue), ``"python"`` (a pure-Python busy loop
+  ``"cpu"`` (real single-threaded torch matrix work for the whole delay: a
+  CPU-bound model whose ops release the GIL between Python glue), ``"python"`` (a pure-Python busy loop
   that holds the GIL: the worst case for the reactor), ``"fail"`` (every run
   raises after the delay).
 * ``fake_fail_every`` (int, default 0): the Nth, 2Nth, … run of an instance raises.
@@ -107,6 +107,11 @@ def _spend(mode: str, seconds: float) -> None:
     if mode == "cpu":
         import torch
 
+        # One intra-op thread: the fake stands for one model instance per worker,
+        # and torch's default (a thread per CPU, spinning between ops) would make
+        # each worker occupy every core.
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
         a = torch.ones(256, 256)
         while time.perf_counter() < end:
             a = (a @ a).clamp_(max=1.0)
