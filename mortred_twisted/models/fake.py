@@ -5,9 +5,9 @@ Selected with ``[model] type = "fake"``. Options (model TOML or ``[model]`` keys
 * ``fake_delay_ms`` (int, default 1000): how long a run takes.
 * ``fake_mode``: ``"sleep"`` (releases the GIL, like a GPU-bound model),
   ``"cpu"`` (real single-threaded torch matrix work for the whole delay: a
-  CPU-bound model whose ops release the GIL between Python glue), ``"python"`` (a pure-Python busy loop
-  that holds the GIL: the worst case for the reactor), ``"fail"`` (every run
-  raises after the delay).
+  CPU-bound model whose ops release the GIL between Python glue), ``"python"``
+  (a pure-Python busy loop that holds the GIL: the worst case for the reactor),
+  ``"fail"`` (every run raises after the delay).
 * ``fake_fail_every`` (int, default 0): the Nth, 2Nth, … run of an instance raises.
 * ``fake_steps`` (int, default 10): progress steps reported per run; the
   cancellation flag is checked between steps.
