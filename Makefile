@@ -11,7 +11,8 @@ PY     := $(VENV)/bin/python
 RUN_CONFIG ?= conf/server/fake/fake_async.toml
 RUN_ARGS   ?=
 
-.PHONY: run run-model test test-fast install venv lint bench clean
+.PHONY: run run-model test test-fast install venv lint bench bench-gateway clean \
+	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
@@ -40,8 +41,41 @@ lint: install
 	$(VENV)/bin/ruff check mortred_twisted tests bench twisted_plugins
 	$(VENV)/bin/ruff format --check mortred_twisted tests bench twisted_plugins
 
+# Benchmarks behind docs/benchmarks.md (take them on a quiet machine).
 bench: install
-	$(PY) bench/async_api.py
+	$(PY) bench/async_api.py --duration 3
+
+bench-gateway: install
+	$(PY) bench/gateway_overhead.py --duration 3
+
+bench-diffusion: install
+	$(PY) bench/diffusion_speed.py --threads 1,2 --batch 8
+
+bench-perception: install
+	$(PY) bench/perception_speed.py --repeats 40
+
+# Training (one command per model; seeded; writes weights/ and their manifest) and
+# the quality evaluations reported in docs/models/*.md.
+train-diffusion: install
+	$(PY) -m training.diffusion.train_judge
+	$(PY) -m training.diffusion.train_ddpm --steps 3500 --max-minutes 19
+	$(PY) -m training.diffusion.train_cls_cond --steps 3500 --max-minutes 19
+	$(PY) -m training.diffusion.train_ldm --ae-steps 1000 --steps 3500 --max-minutes 15
+
+eval-diffusion: install
+	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM --samples 200
+	$(PY) -m training.diffusion.evaluate --models CLS_COND_DDIM --samples 200
+	$(PY) -m training.diffusion.evaluate --models LDM --samples 200
+
+train-perception: install
+	$(PY) -m training.perception.train_mobilenetv2
+	$(PY) -m training.perception.train_yolov8
+	$(PY) -m training.perception.train_sam
+
+eval-perception: install
+	$(PY) -m training.perception.eval_mobilenetv2
+	$(PY) -m training.perception.eval_yolov8
+	$(PY) -m training.perception.eval_sam_amg
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
