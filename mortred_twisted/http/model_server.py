@@ -139,7 +139,8 @@ class ModelServerApp(EdgeBase):
         if self._openapi_bytes is None or not self.runtime.ready:
             model = self.runtime.validator
             schema = model.params_schema if model is not None else ()
-            self._openapi_bytes = json_bytes(build_openapi(self.config, schema))
+            output = model.output_schema if model is not None else None
+            self._openapi_bytes = json_bytes(build_openapi(self.config, schema, output))
         return self._respond(request, 200, self._openapi_bytes)
 
     # -- sync inference ---------------------------------------------------------------

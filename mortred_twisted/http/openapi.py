@@ -6,7 +6,7 @@ the paths and methods here with the app's registered routes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mortred_twisted import __version__
@@ -21,12 +21,28 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str, Any]:
-    """The document for ``config`` whose model accepts ``params``."""
+def build_openapi(
+    config: ServerConfig,
+    params: Sequence[ParamSpec],
+    output_schema: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The document for ``config`` whose model accepts ``params`` and answers
+    ``data`` of ``output_schema``."""
+    result_schema: dict[str, Any] = {"$ref": "#/components/schemas/Envelope"}
+    if output_schema is not None:
+        result_schema = {
+            "allOf": [
+                result_schema,
+                {
+                    "type": "object",
+                    "properties": {"data": {"$ref": "#/components/schemas/ModelOutput"}},
+                },
+            ]
+        }
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     security = [{"bearer": []}] if config.auth_token else []
     envelope_responses = {
-        "200": _json({"$ref": "#/components/schemas/Envelope"}, "Inference result"),
+        "200": _json(result_schema, "Inference result"),
         "400": _json(_ENVELOPE_ERROR, "Body is not JSON (code 50) or an image is undecodable (3)"),
         "401": _json(_ENVELOPE_ERROR, "Missing or wrong bearer token"),
         "405": _json(_ENVELOPE_ERROR, "Method not allowed (code 62)"),
@@ -121,7 +137,7 @@ def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str
                 "security": security,
                 "parameters": [job_id],
                 "responses": {
-                    "200": _json({"$ref": "#/components/schemas/Envelope"}, "Result envelope"),
+                    "200": _json(result_schema, "Result envelope"),
                     "404": _json(_ERROR, "job not found"),
                     "409": _json(_ERROR, "job not finished (state: …)"),
                 },
@@ -129,7 +145,7 @@ def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str
         },
     }
     param_props = {p.name: p.json_schema() for p in params}
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {
             "title": f"mortred model server: {config.id}",
@@ -224,3 +240,6 @@ def build_openapi(config: ServerConfig, params: Sequence[ParamSpec]) -> dict[str
             },
         },
     }
+    if output_schema is not None:
+        document["components"]["schemas"]["ModelOutput"] = dict(output_schema)
+    return document

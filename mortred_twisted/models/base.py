@@ -119,6 +119,9 @@ class Model(abc.ABC):
     #: Whether the model reads ``images`` (generative models only need a valid
     #: envelope; their pixels are ignored).
     uses_images: bool = True
+    #: JSON schema of ``run``'s result (the envelope's ``data``), for the OpenAPI
+    #: document; see :mod:`mortred_twisted.models.schemas`.
+    output_schema: Mapping[str, Any] | None = None
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
         """Check ``request`` cheaply and return it with normalised params.

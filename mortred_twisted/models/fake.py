@@ -38,6 +38,7 @@ from mortred_twisted.models.base import (
     RunContext,
 )
 from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import FAKE_OUTPUT
 
 MODES = ("sleep", "cpu", "python", "fail")
 
@@ -48,6 +49,8 @@ class FakeModelFailure(RuntimeError):
 
 class FakeModel(Model):
     """See the module docstring."""
+
+    output_schema = FAKE_OUTPUT
 
     params_schema = (
         ParamSpec("delay_ms", int, minimum=0, maximum=600_000, description="run time"),

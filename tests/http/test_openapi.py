@@ -37,3 +37,26 @@ def test_openapi_documents_the_model_params() -> None:
         "maximum": 600000,
         "description": "run time",
     }
+
+
+def test_openapi_documents_the_model_output() -> None:
+    """The result schema embeds the model's output schema as ModelOutput."""
+    _app, _clock, _threads, stub = make_app()
+    _code, _h, doc = call(stub, "GET", "/openapi.json")
+    output = doc["components"]["schemas"]["ModelOutput"]
+    assert output["properties"]["digest"]["type"] == "string"
+    ok = doc["paths"]["/infer"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert ok["schema"]["allOf"][1]["properties"]["data"] == {
+        "$ref": "#/components/schemas/ModelOutput"
+    }
+
+
+def test_every_model_family_declares_its_output_schema() -> None:
+    """Each served family documents its data (imports torch: model modules)."""
+    from mortred_twisted.models.classification.mobilenetv2 import MobileNetV2Model
+    from mortred_twisted.models.detection.yolov8 import YoloV8Model
+    from mortred_twisted.models.diffusion.service import DiffusionModel
+    from mortred_twisted.models.segment_anything.sam_amg import SamAmgModel
+
+    for cls in (MobileNetV2Model, YoloV8Model, DiffusionModel, SamAmgModel):
+        assert cls.output_schema is not None, cls.__name__

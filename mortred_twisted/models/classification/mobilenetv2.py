@@ -42,6 +42,7 @@ from mortred_twisted.models.classification.weights import (
 )
 from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import CLASSIFICATION_OUTPUT
 
 MODEL_TYPE = "MOBILENETV2"
 DEFAULT_WEIGHTS = "weights/perception/mobilenetv2_digits.pt"
@@ -79,6 +80,8 @@ def standardise(x: np.ndarray) -> np.ndarray:
 
 class MobileNetV2Model(Model):
     """One worker's classifier instance (the network may be shared, read-only)."""
+
+    output_schema = CLASSIFICATION_OUTPUT
 
     params_schema: Sequence[ParamSpec] = (
         ParamSpec(

@@ -46,6 +46,7 @@ from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.detection.network import YoloV8, decode
 from mortred_twisted.models.detection.ops import nms
 from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import DETECTION_OUTPUT
 
 MODEL_TYPE = "YOLOV8"
 DEFAULT_WEIGHTS = "weights/perception/yolov8_shapes.pt"
@@ -94,6 +95,8 @@ def postprocess(
 
 class YoloV8Model(Model):
     """One worker's detector instance (the network may be shared, read-only)."""
+
+    output_schema = DETECTION_OUTPUT
 
     params_schema: Sequence[ParamSpec] = (
         ParamSpec(

@@ -39,6 +39,7 @@ from mortred_twisted.models.codec import png_base64
 from mortred_twisted.models.diffusion.sampler import EpsFn, sample
 from mortred_twisted.models.diffusion.schedule import NoiseSchedule, respace
 from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import DIFFUSION_OUTPUT
 
 MAX_SEED = 2**63 - 1
 #: How many intermediate ``predicted_x0`` snapshots a DDIM run returns at most.
@@ -155,6 +156,7 @@ class DiffusionModel(Model):
     """
 
     uses_images = False
+    output_schema = DIFFUSION_OUTPUT
 
     def __init__(
         self,

@@ -45,6 +45,7 @@ from mortred_twisted.models.classification.weights import (
 )
 from mortred_twisted.models.codec import decode_image, png_base64
 from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.network import PromptableSegmenter
 
@@ -119,6 +120,8 @@ _AMG_KEYS = {f.name for f in fields(AmgConfig)}
 
 class SamAmgModel(Model):
     """One worker's automatic mask generator (the network may be shared, read-only)."""
+
+    output_schema = SAM_AMG_OUTPUT
 
     params_schema: Sequence[ParamSpec] = (
         ParamSpec(
