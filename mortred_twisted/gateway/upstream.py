@@ -69,10 +69,14 @@ class UpstreamTimeout(UpstreamError):
 
 @dataclass(frozen=True)
 class UpstreamResponse:
-    """A complete upstream response (body read once, into one buffer)."""
+    """A complete upstream response (body read once, into one buffer).
+
+    ``headers`` is a ``Headers`` (Agent client) or a :class:`~.pool.RawHeaders` (lean
+    client); both offer ``getRawHeaders`` and ``getAllRawHeaders``.
+    """
 
     code: int
-    headers: Headers
+    headers: Any
     body: bytes
 
 

@@ -28,6 +28,8 @@ from klein import Klein
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
@@ -86,9 +88,17 @@ class GatewayApp:
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
         self.internal_token = internal_token
+        self._auth_header = (
+            [b"Bearer " + internal_token.encode("latin-1")] if internal_token else None
+        )
         self._request_id = request_id
 
     def resource(self) -> Any:
+        """The root resource to serve: :class:`GatewayResource` (no Klein per request)."""
+        return GatewayResource(self)
+
+    def klein_resource(self) -> Any:
+        """The same :meth:`dispatch` behind Klein (kept to check both answer alike)."""
         return self.app.resource()
 
     # -- rendering ----------------------------------------------------------------
@@ -106,7 +116,7 @@ class GatewayApp:
         request.setHeader(b"Cache-Control", b"no-store")
         for name, value in (headers or {}).items():
             request.setHeader(name.encode("ascii"), value.encode("latin-1"))
-        self.metrics.requests.labels(route, str(status)).inc()
+        self.metrics.hot.count(route, str(status))
         body = json.dumps({"error": message}).encode("utf-8")
         request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
         return body
@@ -137,7 +147,7 @@ class GatewayApp:
                 return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})
             request.setHeader(b"Content-Type", JSON)
             request.setHeader(b"Content-Length", b"15")
-            self.metrics.requests.labels("healthz", "200").inc()
+            self.metrics.hot.count("healthz", "200")
             return b'{"status":"ok"}'
         if path == "/metrics":
             return self._metrics(request, method)
@@ -157,7 +167,7 @@ class GatewayApp:
             route = resolve(m, self.catalog, query)
         except RouteError as e:
             return self._error(request, e.status, e.message, label, e.headers)
-        return defer.Deferred.fromCoroutine(self._forward(request, route, method, rid))
+        return self._forward(request, route, method, rid)
 
     def _metrics(self, request: Any, method: str) -> bytes:
         if method not in ("GET", "HEAD"):
@@ -166,60 +176,127 @@ class GatewayApp:
         if not decision.allowed:
             return self._denied(request, decision, "metrics")
         request.setHeader(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8")
-        self.metrics.requests.labels("metrics", "200").inc()
+        self.metrics.hot.count("metrics", "200")
         return self.metrics.render()
 
-    async def _forward(self, request: Any, route: Route, method: str, rid: bytes) -> bytes:
-        label = route.kind.value
+    def _forward(
+        self, request: Any, route: Route, method: str, rid: bytes
+    ) -> defer.Deferred[bytes]:
+        """Forward to the model; the Deferred fires with the body to send (status and
+        headers already set). Cancelling it cancels the upstream request."""
         headers: dict[bytes, list[bytes]] = {}
+        get = request.requestHeaders.getRawHeaders
         for name in _FORWARD_REQUEST:
-            values = request.requestHeaders.getRawHeaders(name)
+            values = get(name)
             if values:
                 headers[name] = values
         headers[b"x-request-id"] = [rid]
-        if self.internal_token:
-            headers[b"authorization"] = [b"Bearer " + self.internal_token.encode("latin-1")]
-        length = 0
-        if request.content is not None:
-            request.content.seek(0, 2)
-            length = request.content.tell()
-        data = self.upstream.body_for(request.content, length)
+        if self._auth_header is not None:
+            headers[b"authorization"] = self._auth_header
+        data = None
+        content = request.content
+        if content is not None:
+            content.seek(0, 2)
+            length = content.tell()
+            if length:
+                data = self.upstream.body_for(content, length)
         started = self.clock.seconds()
-        self.metrics.inflight.inc()
-        try:
-            response = await self.upstream.request(method, route.url, headers, data)
-        except UpstreamError as e:
-            self.metrics.upstream_errors.labels(type(e).__name__).inc()
-            log.warn(
-                "upstream {model} {path}: {status} {message}",
-                model=route.entry.id,
-                path=route.upstream_path,
-                status=e.status,
-                message=e.message,
-            )
-            return self._error(request, e.status, f"{route.entry.id}: {e.message}", label)
-        except defer.CancelledError:
-            self.metrics.requests.labels(label, "499").inc()
-            raise
-        finally:
-            self.metrics.inflight.dec()
-            elapsed_ms = (self.clock.seconds() - started) * 1000.0
-            self.metrics.upstream_latency.labels(label).observe(elapsed_ms)
-        request.setResponseCode(response.code)
+        hot = self.metrics.hot
+        hot.inflight += 1
+        d = self.upstream.request(method, route.url, headers, data)
+        d.addCallbacks(
+            self._answer,
+            self._failed,
+            callbackArgs=(request, route, started),
+            errbackArgs=(request, route, started),
+        )
+        return d
+
+    def _settle(self, route: Route, started: float) -> None:
+        hot = self.metrics.hot
+        hot.inflight -= 1
+        hot.observe_upstream(route.kind.value, (self.clock.seconds() - started) * 1000.0)
+
+    def _failed(self, failure: Any, request: Any, route: Route, started: float) -> bytes:
+        self._settle(route, started)
+        label = route.kind.value
+        if failure.check(defer.CancelledError):
+            self.metrics.hot.count(label, "499")
+            failure.raiseException()
+        if not failure.check(UpstreamError):
+            failure.raiseException()
+        e = failure.value
+        self.metrics.upstream_errors.labels(type(e).__name__).inc()
+        log.warn(
+            "upstream {model} {path}: {status} {message}",
+            model=route.entry.id,
+            path=route.upstream_path,
+            status=e.status,
+            message=e.message,
+        )
+        return self._error(request, e.status, f"{route.entry.id}: {e.message}", label)
+
+    def _answer(self, response: Any, request: Any, route: Route, started: float) -> bytes:
+        self._settle(route, started)
+        code = response.code
+        request.setResponseCode(code)
+        set_raw = request.responseHeaders.setRawHeaders
         for name, values in response.headers.getAllRawHeaders():
             if name.lower() in _DROP_RESPONSE:
                 continue
-            request.responseHeaders.setRawHeaders(name, values)
+            set_raw(name, values)
         body = response.body
-        if route.kind is RouteKind.SUBMIT and response.code == 202:
+        kind = route.kind
+        if kind is RouteKind.SUBMIT and code == 202:
             location = response.headers.getRawHeaders(b"location")
             if location:
                 new = public_job_path(location[0].decode("latin-1"), route.entry.id)
                 request.setHeader(b"Location", new.encode("latin-1"))
             body = rewrite_job_urls(body, route.entry.id)
-        elif route.kind in (RouteKind.POLL, RouteKind.WAIT) and response.code == 200:
+        elif (kind is RouteKind.POLL or kind is RouteKind.WAIT) and code == 200:
             # The model repeats poll_url/result_url in job views: keep them public too.
             body = rewrite_job_urls(body, route.entry.id)
-        request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
-        self.metrics.requests.labels(label, str(response.code)).inc()
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        self.metrics.hot.count(kind.value, str(code))
         return body
+
+
+class GatewayResource(Resource):
+    """Root leaf resource calling :meth:`GatewayApp.dispatch` directly.
+
+    :meth:`GatewayApp.dispatch` already matches every path by hand, so Klein's
+    per-request werkzeug matching and Deferred plumbing buy nothing here; this does
+    what Klein did with the result: bytes are the answer; a Deferred is written when
+    it fires, and cancelled (cancelling the upstream request) when the client goes
+    away first; an unexpected failure is a 500. Reactor thread only.
+    """
+
+    isLeaf = True
+
+    def __init__(self, app: GatewayApp) -> None:
+        super().__init__()
+        self._app = app
+
+    def render(self, request: Any) -> Any:
+        outcome = self._app.dispatch(request)
+        if not isinstance(outcome, defer.Deferred):
+            return outcome
+        finished = request.notifyFinish()
+        finished.addErrback(lambda _f: outcome.cancel())
+
+        def write(body: bytes) -> None:
+            if not finished.called:
+                request.write(body)
+                request.finish()
+
+        def failed(failure: Any) -> None:
+            if failure.check(defer.CancelledError):
+                return
+            log.failure("unhandled error in {path}", failure, path=request.path)
+            if not finished.called:
+                request.setResponseCode(500)
+                request.setHeader(b"Content-Length", b"0")
+                request.finish()
+
+        outcome.addCallbacks(write, failed)
+        return NOT_DONE_YET

@@ -32,6 +32,7 @@ from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.access import AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.metrics import GatewayMetrics
+from mortred_twisted.gateway.pool import LeanUpstreamClient
 from mortred_twisted.gateway.ratelimit import RateLimiter
 from mortred_twisted.gateway.site import GatewaySite
 from mortred_twisted.gateway.upstream import UpstreamClient, make_agent
@@ -139,8 +140,15 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         max_persistent_per_host=gw.max_persistent_per_host,
         connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
     )
-    upstream = UpstreamClient(
-        agent, reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, pool=pool
+    recv_timeout_s = gw.upstream_recv_timeout_ms / 1000.0
+    # The lean pooled client forwards everything but large (streamed) bodies, which
+    # go through the Agent.
+    upstream = LeanUpstreamClient(
+        reactor,
+        recv_timeout_s=recv_timeout_s,
+        connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
+        max_idle_per_host=gw.max_persistent_per_host,
+        fallback=UpstreamClient(agent, reactor, recv_timeout_s=recv_timeout_s, pool=pool),
     )
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))

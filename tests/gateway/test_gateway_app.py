@@ -321,3 +321,39 @@ def test_metrics_counts_routes() -> None:
     assert r.code == 200
     assert 'mortred_gateway_requests_total{route="jobs_submit",status="202"} 1.0' in text
     assert 'mortred_gateway_auth_failures_total{reason="missing"} 1.0' in text
+
+
+def test_fast_resource_and_klein_answer_alike() -> None:
+    """GatewayResource (served) and the Klein resource give the same status, headers
+    and body for hot routes, errors, health and auth failures."""
+    from treq.testing import StubTreq as Stub
+
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("GET", "/healthz", {}),
+        ("POST", "/healthz", {}),
+        ("GET", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/job_nope", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/job_known/result", {"headers": AUTH}),
+        ("POST", "/v1/models/ASYNC/jobs", {"headers": AUTH, "data": b"{}"}),
+        ("POST", "/v1/models/ASYNC/infer", {"headers": AUTH, "data": b"{}"}),
+        ("GET", "/v1/models/ASYNC/infer", {"headers": AUTH}),
+        ("GET", "/v1/models/NOPE/jobs/x", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/x", {}),
+        ("GET", "/jobs/x", {"headers": AUTH}),
+    ]
+    answers = []
+    for klein in (False, True):
+        h = Harness()
+        if klein:
+            h.client = Stub(h.app.klein_resource())
+        seen = []
+        for method, path, kw in calls:
+            r, body = h.call(method, path, **kw)
+            headers = {
+                k.lower(): v
+                for k, v in r.headers.getAllRawHeaders()
+                if k.lower() not in (b"date", b"server")
+            }
+            seen.append((r.code, headers, body))
+        answers.append(seen)
+    assert answers[0] == answers[1]

@@ -1,0 +1,216 @@
+"""The lean pooled upstream client, driven over MemoryReactorClock + StringTransport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet import defer
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+
+from mortred_twisted.gateway.pool import LeanUpstreamClient
+from mortred_twisted.gateway.upstream import (
+    UpstreamTimeout,
+    UpstreamTransportError,
+    UpstreamUnavailable,
+)
+
+URL = "http://127.0.0.1:18100/jobs/job_a"
+OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}'
+
+
+class Net:
+    """A client over a memory reactor; :meth:`accept` completes the next connect."""
+
+    def __init__(self, recv_timeout_s: float = 5.0) -> None:
+        self.reactor = MemoryReactorClock()
+        self.client = LeanUpstreamClient(self.reactor, recv_timeout_s=recv_timeout_s)
+        self.accepted = 0
+
+    def accept(self) -> tuple[Any, StringTransport]:
+        _h, _p, factory, _timeout, _bind = self.reactor.tcpClients[self.accepted]
+        self.accepted += 1
+        proto = factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        return proto, transport
+
+    def refuse(self) -> None:
+        _h, _p, factory, _t, _b = self.reactor.tcpClients[self.accepted]
+        self.accepted += 1
+        factory.clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+
+    def get(self, url: str = URL, **kw: Any) -> tuple[defer.Deferred[Any], list[Any]]:
+        d = self.client.request("GET", url, {b"x-request-id": [b"r1"]}, **kw)
+        out: list[Any] = []
+        d.addBoth(out.append)
+        return d, out
+
+
+def test_request_bytes_and_keep_alive_reuse() -> None:
+    """One write per request; a complete response returns the connection to the pool."""
+    n = Net()
+    _, out = n.get()
+    proto, transport = n.accept()
+    sent = transport.value()
+    assert sent.startswith(b"GET /jobs/job_a HTTP/1.1\r\nHost: 127.0.0.1:18100\r\n")
+    assert b"x-request-id: r1\r\n" in sent and sent.endswith(b"\r\n\r\n")
+    proto.dataReceived(OK[:30])
+    assert out == []
+    proto.dataReceived(OK[30:])
+    response = out[0]
+    assert response.code == 200 and response.body == b'{"a":1}'
+    assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+    assert n.client.idle_count("127.0.0.1", 18100) == 1
+    transport.clear()
+    _, out2 = n.get()
+    assert len(n.reactor.tcpClients) == 1  # reused, no new connect
+    assert transport.value().startswith(b"GET /jobs/job_a")
+    proto.dataReceived(OK)
+    assert out2[0].code == 200 and n.client.idle_count("127.0.0.1", 18100) == 1
+    assert not n.reactor.getDelayedCalls()
+
+
+def test_post_body_and_content_length() -> None:
+    n = Net()
+    d = n.client.request("POST", "http://127.0.0.1:18100/jobs", {}, b'{"x":1}')
+    out: list[Any] = []
+    d.addBoth(out.append)
+    proto, transport = n.accept()
+    assert transport.value().endswith(b'content-length: 7\r\n\r\n{"x":1}')
+    proto.dataReceived(b"HTTP/1.1 202 Accepted\r\nLocation: /jobs/j\r\nContent-Length: 0\r\n\r\n")
+    assert out[0].code == 202 and out[0].body == b""
+    assert out[0].headers.getRawHeaders("location") == [b"/jobs/j"]
+
+
+def test_chunked_response_is_decoded() -> None:
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+    proto.dataReceived(b"2\r\nde\r\n0\r\n\r\n")
+    assert out[0].code == 404 and out[0].body == b"abcde"
+    assert n.client.idle_count("127.0.0.1", 18100) == 1
+
+
+def test_connection_close_answer_is_not_pooled() -> None:
+    n = Net()
+    _, out = n.get()
+    proto, transport = n.accept()
+    proto.dataReceived(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+    assert out[0].body == b"ok" and transport.disconnecting
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+def test_connection_lost_mid_response_is_502() -> None:
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(OK[:-3])
+    proto.connectionLost(Failure(ConnectionLost("reset")))
+    assert isinstance(out[0].value, UpstreamTransportError)
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+def test_garbage_is_502() -> None:
+    n = Net()
+    _, out = n.get()
+    proto, transport = n.accept()
+    proto.dataReceived(b"SSH-2.0-OpenSSH\r\n\r\n")
+    assert isinstance(out[0].value, UpstreamTransportError) and transport.disconnecting
+
+
+def test_refused_is_503() -> None:
+    n = Net()
+    _, out = n.get()
+    n.refuse()
+    assert isinstance(out[0].value, UpstreamUnavailable)
+    assert not n.reactor.getDelayedCalls()
+
+
+def test_timeout_is_504_and_connection_dropped() -> None:
+    n = Net(recv_timeout_s=2.0)
+    _, out = n.get()
+    proto, transport = n.accept()
+    n.reactor.advance(1.9)
+    assert out == []
+    n.reactor.advance(0.1)
+    assert isinstance(out[0].value, UpstreamTimeout)
+    assert transport.disconnecting  # aborted: a half-used connection is never pooled
+    proto.dataReceived(OK)  # late bytes do not resurrect it
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+def test_cancel_aborts_and_never_pools() -> None:
+    n = Net()
+    d, out = n.get()
+    proto, transport = n.accept()
+    d.cancel()
+    assert out[0].check(defer.CancelledError) and transport.disconnecting
+    proto.connectionLost(Failure(ConnectionDone()))
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+    assert not n.reactor.getDelayedCalls()
+
+
+def test_cancel_while_connecting() -> None:
+    n = Net()
+    d, out = n.get()
+    d.cancel()
+    assert out[0].check(defer.CancelledError)
+    assert n.reactor.connectors[0]._disconnected  # type: ignore[attr-defined]
+
+
+def test_stale_pooled_connection_retried_once_for_get() -> None:
+    """The server closed an idle connection as we wrote: a GET goes on a fresh one."""
+    n = Net()
+    n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(OK)
+    _, out = n.get()
+    proto.connectionLost(Failure(ConnectionDone()))
+    assert out == [] and len(n.reactor.tcpClients) == 2
+    proto2, _ = n.accept()
+    proto2.dataReceived(OK)
+    assert out[0].code == 200
+
+
+def test_stale_pooled_connection_not_retried_for_post() -> None:
+    n = Net()
+    n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(OK)
+    d = n.client.request("POST", "http://127.0.0.1:18100/jobs", {}, b"{}")
+    out: list[Any] = []
+    d.addBoth(out.append)
+    proto.connectionLost(Failure(ConnectionDone()))
+    assert isinstance(out[0].value, UpstreamTransportError)
+
+
+def test_idle_pool_is_capped() -> None:
+    n = Net()
+    n.client.max_idle_per_host = 1
+    pending = [n.get()[1] for _ in range(2)]
+    (p1, _), (p2, t2) = n.accept(), n.accept()
+    p1.dataReceived(OK)
+    p2.dataReceived(OK)
+    assert all(o[0].code == 200 for o in pending)
+    assert n.client.idle_count("127.0.0.1", 18100) == 1 and t2.disconnecting
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_bodyless_statuses(status: int) -> None:
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(b"HTTP/1.1 %d X\r\n\r\n" % status)
+    assert out[0].code == status and out[0].body == b""
+
+
+def test_close_aborts_everything() -> None:
+    n = Net()
+    n.get()
+    _, transport = n.accept()
+    n.client.close()
+    assert transport.disconnecting
