@@ -28,6 +28,8 @@ def public_job_path(value: str, model_id: str) -> str:
     return value
 
 
+#: model id -> the ``re.sub`` template putting its public prefix after the key.
+_REPLACEMENTS: dict[str, bytes] = {}
 _FIELD_PATH = re.compile(rb'("(?:poll_url|result_url)"\s*:\s*")(/jobs/)')
 
 
@@ -44,8 +46,13 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
     if b"/jobs/" not in body:
         return body
     if b"://" not in body and body.lstrip()[:1] == b"{":
-        prefix = f"/v1/models/{quote(model_id, safe='')}/jobs/".encode()
-        return _FIELD_PATH.sub(lambda m: m.group(1) + prefix, body)
+        replacement = _REPLACEMENTS.get(model_id)
+        if replacement is None:
+            prefix = f"/v1/models/{quote(model_id, safe='')}/jobs/".encode()
+            replacement = rb"\g<1>" + prefix.replace(b"\\", b"\\\\")
+            if len(_REPLACEMENTS) < 1024:
+                _REPLACEMENTS[model_id] = replacement
+        return _FIELD_PATH.sub(replacement, body)
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):

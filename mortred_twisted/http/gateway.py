@@ -18,6 +18,7 @@ Deferred, so the upstream request is cancelled with it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import uuid
@@ -65,6 +66,14 @@ _DROP_RESPONSE = {
 }
 
 
+def request_ids() -> Callable[[], str]:
+    """Fresh X-Request-IDs: 32 hex digits, a random per-process prefix and a counter
+    (unique per process, not secret; ``uuid4`` costs a ``getrandom`` call each)."""
+    prefix = uuid.uuid4().hex[:16]
+    counter = itertools.count(1)
+    return lambda: f"{prefix}{next(counter):016x}"
+
+
 class GatewayApp:
     """One gateway's routes. Collaborators are injected; nothing here touches the
     global reactor. Use from the reactor thread only."""
@@ -80,7 +89,7 @@ class GatewayApp:
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
         internal_token: str = "",
-        request_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        request_id: Callable[[], str] | None = None,
     ) -> None:
         self.catalog = catalog
         self.policy = policy
@@ -91,7 +100,7 @@ class GatewayApp:
         self._auth_header = (
             [b"Bearer " + internal_token.encode("latin-1")] if internal_token else None
         )
-        self._request_id = request_id
+        self._request_id = request_id or request_ids()
 
     def resource(self) -> Any:
         """The root resource to serve: :class:`GatewayResource` (no Klein per request)."""
