@@ -28,8 +28,9 @@ def public_job_path(value: str, model_id: str) -> str:
     return value
 
 
-#: model id -> the ``re.sub`` template putting its public prefix after the key.
-_REPLACEMENTS: dict[str, bytes] = {}
+#: model id -> (compact poll_url key + public prefix, same for result_url, the
+#: ``re.sub`` template putting the public prefix after a spaced key).
+_REPLACEMENTS: dict[str, tuple[bytes, bytes, bytes]] = {}
 _FIELD_PATH = re.compile(rb'("(?:poll_url|result_url)"\s*:\s*")(/jobs/)')
 
 
@@ -46,13 +47,23 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
     if b"/jobs/" not in body:
         return body
     if b"://" not in body and body.lstrip()[:1] == b"{":
-        replacement = _REPLACEMENTS.get(model_id)
-        if replacement is None:
+        cached = _REPLACEMENTS.get(model_id)
+        if cached is None:
             prefix = f"/v1/models/{quote(model_id, safe='')}/jobs/".encode()
-            replacement = rb"\g<1>" + prefix.replace(b"\\", b"\\\\")
+            cached = (
+                b'"poll_url":"' + prefix,
+                b'"result_url":"' + prefix,
+                rb"\g<1>" + prefix.replace(b"\\", b"\\\\"),
+            )
             if len(_REPLACEMENTS) < 1024:
-                _REPLACEMENTS[model_id] = replacement
-        return _FIELD_PATH.sub(replacement, body)
+                _REPLACEMENTS[model_id] = cached
+        # The compact form (what the model server writes) by plain replaces; the
+        # regex then only has spaced forms left to find.
+        body = body.replace(b'"poll_url":"/jobs/', cached[0])
+        body = body.replace(b'"result_url":"/jobs/', cached[1])
+        if _FIELD_PATH.search(body) is None:
+            return body
+        return _FIELD_PATH.sub(cached[2], body)
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -249,11 +249,23 @@ class GatewayApp:
         self._settle(route, started)
         code = response.code
         request.setResponseCode(code)
-        set_raw = request.responseHeaders.setRawHeaders
-        for name, values in response.headers.getAllRawHeaders():
-            if name.lower() in _DROP_RESPONSE:
-                continue
-            set_raw(name, values)
+        out = request.responseHeaders
+        pairs = getattr(response.headers, "pairs", None)
+        if pairs is not None:  # the lean client's RawHeaders: (name, value) as received
+            seen: set[bytes] = set()
+            for name, value in pairs:
+                low = name.lower()
+                if low in _DROP_RESPONSE:
+                    continue
+                if low in seen:
+                    out.addRawHeader(name, value)
+                else:
+                    seen.add(low)
+                    out.setRawHeaders(name, [value])
+        else:
+            for name, values in response.headers.getAllRawHeaders():
+                if name.lower() not in _DROP_RESPONSE:
+                    out.setRawHeaders(name, values)
         body = response.body
         kind = route.kind
         if kind is RouteKind.SUBMIT and code == 202:

@@ -214,3 +214,55 @@ def test_close_aborts_everything() -> None:
     _, transport = n.accept()
     n.client.close()
     assert transport.disconnecting
+
+
+def test_gateway_copies_raw_headers_from_the_lean_client() -> None:
+    """Repeated names are kept, hop-by-hop ones dropped, Location rewritten."""
+    from treq.testing import StubTreq
+
+    from mortred_twisted.config.catalog import Catalog, CatalogEntry
+    from mortred_twisted.gateway.access import AccessPolicy
+    from mortred_twisted.gateway.apikeys import KeyRing
+    from mortred_twisted.gateway.pool import RawHeaders
+    from mortred_twisted.gateway.ratelimit import RateLimiter
+    from mortred_twisted.gateway.upstream import UpstreamResponse
+    from mortred_twisted.http.gateway import GatewayApp
+
+    class Fake:
+        def body_for(self, content: Any, length: int) -> bytes:
+            content.seek(0)
+            return bytes(content.read())
+
+        def request(self, *a: Any) -> defer.Deferred[UpstreamResponse]:
+            pairs = [
+                (b"Location", b"/jobs/job_x"),
+                (b"Set-Cookie", b"a=1"),
+                (b"Set-Cookie", b"b=2"),
+                (b"Connection", b"keep-alive"),
+                (b"Content-Length", b"99"),
+            ]
+            return defer.succeed(
+                UpstreamResponse(202, RawHeaders(pairs), b'{"poll_url":"/jobs/job_x"}')
+            )
+
+    clock = MemoryReactorClock()
+    entry = CatalogEntry("M", "fake", "127.0.0.1", 18100, "/infer", True, 16, "m.toml")
+    app = GatewayApp(
+        catalog=Catalog([entry]),
+        policy=AccessPolicy(static_token="t", keys=KeyRing([]), limiter=RateLimiter(clock.seconds)),
+        upstream=Fake(),  # type: ignore[arg-type]
+        clock=clock,
+    )
+    client = StubTreq(app.resource())
+    d = client.post("http://gw/v1/models/M/jobs", b"{}", headers={"Authorization": "Bearer t"})
+    client.flush()
+    out: list[Any] = []
+    d.addCallback(lambda r: client.content(r).addCallback(lambda b: out.append((r, b))))
+    client.flush()
+    response, body = out[0]
+    assert response.code == 202
+    assert response.headers.getRawHeaders("set-cookie") == ["a=1", "b=2"]
+    assert response.headers.getRawHeaders("location") == ["/v1/models/M/jobs/job_x"]
+    assert response.length == len(body)  # the Content-Length the gateway computed
+    assert not response.headers.hasHeader("connection")
+    assert body == b'{"poll_url":"/v1/models/M/jobs/job_x"}'
