@@ -321,6 +321,89 @@ class _ReadyConnection(UpstreamConnection):
             ready.callback(self)
 
 
+class _Call:
+    """One forwarded request: its Deferred, connection, deadline and retry state."""
+
+    __slots__ = (
+        "_client",
+        "_conn",
+        "_connecting",
+        "_data",
+        "_key",
+        "_timed_out",
+        "_timer",
+        "deferred",
+    )  # fmt: skip
+
+    def __init__(
+        self, client: LeanUpstreamClient, key: tuple[str, int], data: bytes, retry: bool
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._data = data
+        self._conn: UpstreamConnection | None = None
+        self._connecting: defer.Deferred[UpstreamConnection] | None = None
+        self._timed_out = False
+        self.deferred: defer.Deferred[UpstreamResponse] = defer.Deferred(self._cancel)
+        self._start(retry)
+        self._timer = client._clock.callLater(client.recv_timeout_s, self._on_deadline)
+        self.deferred.addBoth(self._done)
+
+    def _start(self, allow_retry: bool) -> None:
+        idle = self._client._idle.get(self._key)
+        if idle:
+            self._send(idle.pop(), allow_retry)
+            return
+        connecting = self._connecting = self._client._connect(self._key)
+        connecting.addCallbacks(self._send, self._connect_failed, callbackArgs=(False,))
+
+    def _retry(self) -> None:
+        self._start(False)
+
+    def _send(self, conn: UpstreamConnection, allow_retry: bool) -> None:
+        self._connecting = None
+        if self.deferred.called:  # cancelled while connecting
+            conn.abort()
+            return
+        self._conn = conn
+        conn.send(self._data, _Exchange(self.deferred, self._retry if allow_retry else None))
+
+    def _connect_failed(self, failure: Failure) -> None:
+        self._connecting = None
+        d = self.deferred
+        if d.called or failure.check(defer.CancelledError):
+            return  # cancelled by d's canceller: d fails with CancelledError
+        if failure.check(*_UNAVAILABLE):
+            d.errback(UpstreamUnavailable(f"model not running ({failure.value})"))
+        else:
+            message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
+            d.errback(UpstreamTransportError(f"upstream transport failure: {message}"))
+
+    def _cancel(self, _: Any) -> None:
+        connecting = self._connecting
+        if connecting is not None and not connecting.called:
+            connecting.cancel()
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.abort()
+
+    def _on_deadline(self) -> None:
+        self._timed_out = True
+        self.deferred.cancel()
+
+    def _done(self, result: Any) -> Any:
+        timer = self._timer
+        if timer.active():
+            timer.cancel()
+        self._conn = None
+        if self._timed_out and isinstance(result, Failure):
+            raise UpstreamTimeout(
+                f"upstream did not answer within {self._client.recv_timeout_s * 1000:.0f} ms"
+            )
+        return result
+
+
 class LeanUpstreamClient:
     """Forwards a request over pooled keep-alive connections (see module docstring).
 
@@ -438,68 +521,7 @@ class LeanUpstreamClient:
             parts.append(b"\r\n")
         data = b"".join(parts)
 
-        state: dict[str, Any] = {"conn": None, "connecting": None, "timed_out": False}
-
-        def cancel(_: Any) -> None:
-            connecting = state["connecting"]
-            if connecting is not None and not connecting.called:
-                connecting.cancel()
-            conn = state["conn"]
-            if conn is not None:
-                state["conn"] = None
-                conn.abort()
-
-        d: defer.Deferred[UpstreamResponse] = defer.Deferred(cancel)
-
-        def start(allow_retry: bool) -> None:
-            idle = self._idle.get(key)
-            if idle:
-                conn = idle.pop()
-                send(conn, allow_retry)
-                return
-            connecting = self._connect(key)
-            state["connecting"] = connecting
-            connecting.addCallbacks(lambda c: send(c, False), connect_failed)
-
-        def send(conn: UpstreamConnection, allow_retry: bool) -> None:
-            state["connecting"] = None
-            if d.called:  # cancelled while connecting
-                conn.abort()
-                return
-            state["conn"] = conn
-            retry = (lambda: start(False)) if allow_retry else None
-            conn.send(data, _Exchange(d, retry))
-
-        def connect_failed(failure: Failure) -> None:
-            state["connecting"] = None
-            if d.called or failure.check(defer.CancelledError):
-                return  # cancelled by d's canceller: d fails with CancelledError
-            if failure.check(*_UNAVAILABLE):
-                d.errback(UpstreamUnavailable(f"model not running ({failure.value})"))
-            else:
-                message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
-                d.errback(UpstreamTransportError(f"upstream transport failure: {message}"))
-
-        start(method == "GET")
-
-        def on_deadline() -> None:
-            state["timed_out"] = True
-            d.cancel()
-
-        timer = self._clock.callLater(self.recv_timeout_s, on_deadline)
-
-        def done(result: Any) -> Any:
-            if timer.active():
-                timer.cancel()
-            state["conn"] = None
-            if isinstance(result, Failure) and state["timed_out"]:
-                raise UpstreamTimeout(
-                    f"upstream did not answer within {self.recv_timeout_s * 1000:.0f} ms"
-                )
-            return result
-
-        d.addBoth(done)
-        return d
+        return _Call(self, key, data, method == "GET").deferred
 
     def close(self) -> defer.Deferred[None]:
         """Close every connection (service shutdown), and the fallback's pool."""
