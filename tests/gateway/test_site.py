@@ -71,3 +71,28 @@ def test_connection_cap() -> None:
     assert site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5556)) is None
     proto.connectionLost(None)
     assert site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5557)) is not None
+
+
+class PathMatcher(Recorder):
+    """A leaf root that matches paths itself (like GatewayResource)."""
+
+    matches_paths_itself = True
+
+    def render(self, request: Any) -> bytes:
+        self.calls += 1
+        self.postpath = list(request.postpath)
+        return b"ok:" + request.path
+
+
+def test_leaf_root_skips_traversal_with_the_same_answer() -> None:
+    """A root that matches paths itself is rendered directly, with Server and Date
+    set as twisted.web does; other roots still get their postpath."""
+    for root, postpath in ((PathMatcher(), []), (Recorder(), None)):
+        site = GatewaySite(root, max_body_bytes=10)
+        proto, transport = connect(site)
+        proto.dataReceived(b"GET /a%2Fb/c HTTP/1.1\r\nHost: h\r\n\r\n")
+        out = transport.value()
+        assert out.startswith(b"HTTP/1.1 200 OK\r\n") and root.calls == 1
+        assert b"\r\nServer: TwistedWeb/" in out and b"\r\nDate: " in out and b" GMT\r\n" in out
+        if postpath is not None:
+            assert out.endswith(b"ok:/a%2Fb/c") and root.postpath == postpath  # type: ignore[attr-defined]
