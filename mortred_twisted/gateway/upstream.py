@@ -1,15 +1,17 @@
-"""The gateway's upstream client: a persistent connection pool to the model ports.
+"""The Agent-based upstream client: a persistent connection pool to the model ports.
 
-One :class:`UpstreamClient` per gateway process, used on the reactor thread only. It
-owns the ``HTTPConnectionPool`` (``maxPersistentPerHost`` raised from the default 2)
-and maps failures to the gateway's status codes in one place:
+The gateway's hot path uses :class:`~mortred_twisted.gateway.pool.LeanUpstreamClient`
+(same contract, ~4x less CPU), which hands streamed (large) bodies to this client; the
+supervisor's infer proxy uses this one directly. Reactor thread only. It owns the
+``HTTPConnectionPool`` (``maxPersistentPerHost`` raised from the default 2) and maps
+failures to the gateway's status codes in one place:
 
 * connection refused / host unreachable / connect timeout → :class:`UpstreamUnavailable` (503)
 * the response did not complete within ``recv_timeout_s`` → :class:`UpstreamTimeout` (504)
 * any other transport failure → :class:`UpstreamTransportError` (502)
 
-Cancelling the Deferred returned by :meth:`UpstreamClient.request` (Klein does it when
-the client disconnects) aborts the upstream request and its connection.
+Cancelling the Deferred returned by :meth:`UpstreamClient.request` (the gateway does it
+when the client disconnects) aborts the upstream request and its connection.
 
 Why the bare ``Agent`` and not ``treq.HTTPClient.request`` for forwarding: treq is the
 same Agent and pool underneath, but per request it re-normalizes the URL through

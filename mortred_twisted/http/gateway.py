@@ -1,4 +1,4 @@
-"""The gateway's Klein edge: auth, routing, forwarding, rewriting (reactor thread).
+"""The gateway's edge: auth, routing, forwarding, rewriting (reactor thread).
 
 Thin by design: every decision lives in a pure module (:mod:`~mortred_twisted.gateway.
 routing`, :mod:`~.rewrite`, :mod:`~.access`) or in the upstream client; this class
@@ -12,8 +12,13 @@ through unchanged, except job URLs: the submit's 202 ``Location`` and the
 ``poll_url``/``result_url`` fields (of the 202 and of 200 poll/wait views, which
 repeat them) are rewritten to ``/v1/models/<id>/jobs/...``.
 
-Klein cancels the route's Deferred when the client disconnects; the forward is that
-Deferred, so the upstream request is cancelled with it.
+:meth:`GatewayApp.dispatch` matches every path by hand, so the served root is
+:class:`GatewayResource`, which calls it directly (no Klein/werkzeug per request);
+the Klein app routes everything to the same method and is kept as
+:meth:`GatewayApp.klein_resource` (a test checks both answer alike). The resource
+cancels the forward's Deferred when the client disconnects, which cancels the
+upstream request. Per-request metrics are plain counters
+(:class:`~mortred_twisted.gateway.metrics.HotPathStats`).
 """
 
 from __future__ import annotations
