@@ -141,6 +141,8 @@ class UpstreamConnection(Protocol):
         self._length = -1  # -1: unknown (read to close); -2: chunked
         self._close = False
         self._chunks: list[bytes] = []
+        self._have = 0
+        self._cbuf = bytearray()
 
     # -- sending ---------------------------------------------------------------------
 
@@ -165,8 +167,8 @@ class UpstreamConnection(Protocol):
             self.abort()
             return
         ex.got_bytes = True
-        buf = self._buf + data if self._buf else data
         if self._headers is None:
+            buf = self._buf + data if self._buf else data
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > MAX_HEAD:
@@ -174,26 +176,34 @@ class UpstreamConnection(Protocol):
                 else:
                     self._buf = buf
                 return
+            self._buf = b""
             try:
                 self._parse_head(buf[:end])
             except (ValueError, UpstreamProtocolError) as exc:
                 self._fail(UpstreamProtocolError(f"bad response head: {exc}"))
                 return
-            buf = buf[end + 4 :]
-        if self._length >= 0:
-            if len(buf) >= self._length:
-                body, rest = buf[: self._length], buf[self._length :]
-                if rest:
-                    self._fail(UpstreamProtocolError("bytes after the response body"))
-                    return
-                self._complete(body)
-            else:
-                self._buf = buf
+            data = buf[end + 4 :]
+        # Body bytes: collected in a list (linear in the body size, however it is cut).
+        length = self._length
+        if length >= 0:
+            have = self._have + len(data)
+            if have < length:
+                self._chunks.append(data)
+                self._have = have
+                return
+            if have > length:
+                self._fail(UpstreamProtocolError("bytes after the response body"))
+                return
+            if self._chunks:
+                self._chunks.append(data)
+                data = b"".join(self._chunks)
+            self._complete(data)
             return
-        if self._length == -2:
-            self._chunked(buf)
+        if length == -2:
+            self._cbuf += data
+            self._chunked()
             return
-        self._buf = buf  # read to close
+        self._chunks.append(data)  # read to close
 
     def _parse_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -231,39 +241,37 @@ class UpstreamConnection(Protocol):
         self._headers = headers
         self._length = length
 
-    def _chunked(self, buf: bytes) -> None:
+    def _chunked(self) -> None:
+        buf = self._cbuf
         while True:
             eol = buf.find(b"\r\n")
             if eol < 0:
-                self._buf = buf
                 return
             try:
-                size = int(buf[:eol].split(b";", 1)[0], 16)
+                size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
             except ValueError:
                 self._fail(UpstreamProtocolError("bad chunk size"))
                 return
             if size == 0:
                 # Last chunk; no trailers expected: "0\r\n\r\n".
-                end = buf.find(b"\r\n\r\n", eol - 2 if eol >= 2 else 0)
-                if end < 0:
-                    self._buf = buf
+                if buf.find(b"\r\n\r\n", eol - 2 if eol >= 2 else 0) < 0:
                     return
                 self._complete(b"".join(self._chunks))
                 return
-            if len(buf) < eol + 2 + size + 2:
-                self._buf = buf
-                return
             start = eol + 2
-            self._chunks.append(buf[start : start + size])
-            buf = buf[start + size + 2 :]
+            if len(buf) < start + size + 2:
+                return
+            self._chunks.append(bytes(buf[start : start + size]))
+            del buf[: start + size + 2]
 
     def _complete(self, body: bytes) -> None:
         ex = self.exchange
         assert ex is not None and self._headers is not None
         response = UpstreamResponse(self._code, RawHeaders(self._headers), body)
         self.exchange = None
-        self._buf = b""
-        if self._close:
+        close = self._close
+        self._reset()  # an idle connection holds no response bytes
+        if close:
             self.lost = True
             assert self.transport is not None
             self.transport.loseConnection()
@@ -286,7 +294,8 @@ class UpstreamConnection(Protocol):
         if ex is None:
             return
         if self._headers is not None and self._length == -1:
-            ex.deferred.callback(UpstreamResponse(self._code, RawHeaders(self._headers), self._buf))
+            body = b"".join(self._chunks)
+            ex.deferred.callback(UpstreamResponse(self._code, RawHeaders(self._headers), body))
             return
         if not ex.got_bytes and self.reused and ex.retry is not None:
             ex.retry()

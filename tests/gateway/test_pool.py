@@ -266,3 +266,45 @@ def test_gateway_copies_raw_headers_from_the_lean_client() -> None:
     assert response.length == len(body)  # the Content-Length the gateway computed
     assert not response.headers.hasHeader("connection")
     assert body == b'{"poll_url":"/v1/models/M/jobs/job_x"}'
+
+
+def test_body_in_many_pieces_and_chunked_across_boundaries() -> None:
+    """Large bodies arrive cut anywhere; every framing reassembles them exactly."""
+    body = bytes(range(256)) * 400
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    for i in range(0, len(wire), 997):
+        proto.dataReceived(wire[i : i + 997])
+    assert out[0].body == body
+    _, out = n.get()
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for i in range(0, len(body), 30000):
+        piece = body[i : i + 30000]
+        chunked += b"%x\r\n" % len(piece) + piece + b"\r\n"
+    chunked += b"0\r\n\r\n"
+    for i in range(0, len(chunked), 1001):
+        proto.dataReceived(chunked[i : i + 1001])
+    assert out[0].body == body and n.client.idle_count("127.0.0.1", 18100) == 1
+
+
+def test_read_to_close_body() -> None:
+    """No Content-Length and no chunking: the body ends with the connection."""
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(b"HTTP/1.0 200 OK\r\n\r\npart1-")
+    proto.dataReceived(b"part2")
+    assert out == []
+    proto.connectionLost(Failure(ConnectionDone()))
+    assert out[0].code == 200 and out[0].body == b"part1-part2"
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+def test_extra_bytes_after_body_are_502() -> None:
+    n = Net()
+    _, out = n.get()
+    proto, transport = n.accept()
+    proto.dataReceived(OK + b"junk")
+    assert isinstance(out[0].value, UpstreamTransportError) and transport.disconnecting
