@@ -83,23 +83,33 @@ class FastRoutes(Resource):
         outcome = handler(request, **kwargs)
         if not isinstance(outcome, Deferred):
             return outcome
-        finished = request.notifyFinish()
-        # A client that goes away cancels the handler's Deferred (as Klein does),
-        # so a parked wait leaves its counter and a queued infer leaves the queue.
-        finished.addErrback(lambda _f: outcome.cancel())
-
-        def write(body: bytes) -> None:
-            if not finished.called:
-                request.write(body)
-                request.finish()
-
-        def failed(failure: Any) -> None:
-            if failure.check(CancelledError):
-                return
-            log.failure("unhandled error in {path}", failure, path=request.path)
-            if not finished.called:
-                request.setResponseCode(500)
-                request.finish()
-
-        outcome.addCallbacks(write, failed)
+        respond_when_fired(request, outcome)
         return NOT_DONE_YET
+
+
+def respond_when_fired(request: IRequest, outcome: Deferred[bytes]) -> None:
+    """Write ``outcome``'s bytes and finish ``request`` when it fires (the render
+    method then returns ``NOT_DONE_YET``).
+
+    A client that goes away cancels ``outcome`` (as Klein does), so a parked wait
+    leaves its counter and a queued request leaves its queue; an unexpected failure is
+    logged and answered 500 with an empty body.
+    """
+    finished = request.notifyFinish()
+    finished.addErrback(lambda _f: outcome.cancel())
+
+    def write(body: bytes) -> None:
+        if not finished.called:
+            request.write(body)
+            request.finish()
+
+    def failed(failure: Any) -> None:
+        if failure.check(CancelledError):
+            return
+        log.failure("unhandled error in {path}", failure, path=request.path)
+        if not finished.called:
+            request.setResponseCode(500)
+            request.setHeader(b"Content-Length", b"0")
+            request.finish()
+
+    outcome.addCallbacks(write, failed)

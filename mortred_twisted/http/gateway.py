@@ -51,6 +51,7 @@ from mortred_twisted.gateway.routing import (
 )
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.http.auth import WWW_AUTHENTICATE
+from mortred_twisted.http.fastpath import respond_when_fired
 
 log = Logger()
 
@@ -310,22 +311,5 @@ class GatewayResource(Resource):
         outcome = self._app.dispatch(request)
         if not isinstance(outcome, defer.Deferred):
             return outcome
-        finished = request.notifyFinish()
-        finished.addErrback(lambda _f: outcome.cancel())
-
-        def write(body: bytes) -> None:
-            if not finished.called:
-                request.write(body)
-                request.finish()
-
-        def failed(failure: Any) -> None:
-            if failure.check(defer.CancelledError):
-                return
-            log.failure("unhandled error in {path}", failure, path=request.path)
-            if not finished.called:
-                request.setResponseCode(500)
-                request.setHeader(b"Content-Length", b"0")
-                request.finish()
-
-        outcome.addCallbacks(write, failed)
+        respond_when_fired(request, outcome)
         return NOT_DONE_YET
