@@ -11,49 +11,11 @@ concurrent connections.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from twisted.python.failure import Failure
-from twisted.web.http import Headers, datetimeToString
-from twisted.web.server import version
+from twisted.web.http import Headers
 
-from mortred_twisted.http.limits import EarlyResponse, LimitedRequest, LimitedSite
-
-_date_cache: list[Any] = [0, b""]
-
-
-def http_date() -> bytes:
-    """The ``Date`` header value, formatted once per second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[0] = now
-        _date_cache[1] = datetimeToString(now)
-    return _date_cache[1]
-
-
-class GatewayRequest(LimitedRequest):
-    """A :class:`LimitedRequest` whose ``process`` skips resource traversal when the
-    site's root is a leaf that matches paths itself (the gateway's
-    :class:`~mortred_twisted.http.gateway.GatewayResource`): no per-segment unquoting
-    of ``postpath``, no ``getResourceFor``, a ``Date`` formatted once per second.
-    Any other root gets twisted.web's ``process`` unchanged."""
-
-    def process(self) -> None:
-        site = self.channel.site
-        root = site.resource
-        if not getattr(root, "matches_paths_itself", False) or self.path == b"*":
-            super().process()
-            return
-        self.site = site
-        self.setHeader(b"Server", version)
-        self.setHeader(b"Date", http_date())
-        self.prepath = []
-        self.postpath = []
-        try:
-            self.render(root)
-        except BaseException:
-            self.processingFailed(Failure())
+from mortred_twisted.http.limits import EarlyResponse, LimitedSite
 
 
 class GatewaySite(LimitedSite):
@@ -68,7 +30,6 @@ class GatewaySite(LimitedSite):
         access_log: bool = False,
     ) -> None:
         super().__init__(resource, max_body_bytes, self._too_large, access_log=access_log)
-        self.requestFactory = GatewayRequest
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.connections = 0

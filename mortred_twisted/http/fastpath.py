@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
@@ -31,6 +32,9 @@ class FastRoutes(Resource):
     """Root resource: hand-matched hot routes, else the Klein resource."""
 
     isLeaf = True
+    #: Dispatches on ``request.path``; LimitedRequest then skips traversal, and the
+    #: Klein fallback gets its ``postpath`` set here (as twisted.web would).
+    matches_paths_itself = True
 
     def __init__(
         self,
@@ -78,6 +82,8 @@ class FastRoutes(Resource):
     def render(self, request: IRequest) -> Any:
         matched = self._match(request)
         if matched is None:
+            if not request.postpath:
+                request.postpath = [unquote(seg) for seg in request.path[1:].split(b"/")]
             return self._fallback.render(request)
         handler, kwargs = matched
         outcome = handler(request, **kwargs)

@@ -300,7 +300,7 @@ class GatewayResource(Resource):
 
     isLeaf = True
     #: Every path is matched in :meth:`render` (``postpath`` is never read), so
-    #: :class:`~mortred_twisted.gateway.site.GatewayRequest` skips traversal.
+    #: :class:`~mortred_twisted.http.limits.LimitedRequest` skips traversal.
     matches_paths_itself = True
 
     def __init__(self, app: GatewayApp) -> None:

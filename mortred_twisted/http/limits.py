@@ -11,12 +11,15 @@ reading the rest; no ``100 Continue`` is sent and no route runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.web.http import RESPONSES, Headers
-from twisted.web.server import Request, Site
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES, Headers, datetimeToString
+from twisted.web.server import Request, Site, version
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,28 @@ class LimitedSite(Site):
             super().log(request)
 
 
+_date_cache: list[Any] = [0, b""]
+
+
+def http_date() -> bytes:
+    """The ``Date`` header value, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = datetimeToString(now)
+    return _date_cache[1]
+
+
 class LimitedRequest(Request):
-    """See the module docstring. Only meaningful under a :class:`LimitedSite`."""
+    """See the module docstring. Only meaningful under a :class:`LimitedSite`.
+
+    When the site's root resource declares ``matches_paths_itself = True`` (a leaf
+    that dispatches on ``request.path``: the model server's ``FastRoutes``, the
+    gateway's root), :meth:`process` renders it directly: no per-segment unquoting
+    into ``postpath``, no resource traversal, and a ``Date`` formatted once a second.
+    Such a root must set ``prepath``/``postpath`` itself before delegating to a
+    resource that reads them. Any other root gets twisted.web's ``process``.
+    """
 
     _rejected = False
     _received = 0
@@ -117,6 +140,23 @@ class LimitedRequest(Request):
             self._reject(self._received)
             return
         super().handleContentChunk(data)
+
+    def process(self) -> None:
+        site = self.channel.site
+        root = site.resource
+        if not getattr(root, "matches_paths_itself", False) or self.path == b"*":
+            super().process()
+            return
+        self.site = site
+        self.sitepath = []
+        self.setHeader(b"Server", version)
+        self.setHeader(b"Date", http_date())
+        self.prepath = []
+        self.postpath = []
+        try:
+            self.render(root)
+        except BaseException:
+            self.processingFailed(Failure())
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._rejected:
