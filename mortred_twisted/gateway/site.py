@@ -29,28 +29,14 @@ class GatewaySite(LimitedSite):
         max_connections: int = 0,
         access_log: bool = False,
     ) -> None:
-        super().__init__(resource, max_body_bytes, self._too_large, access_log=access_log)
+        super().__init__(
+            resource, max_body_bytes, self._too_large, access_log=access_log,
+            max_connections=max_connections,
+        )  # fmt: skip
         self.max_body_bytes = max_body_bytes
-        self.max_connections = max_connections
-        self.connections = 0
 
     def _too_large(
         self, method: bytes, path: bytes, headers: Headers, length: int
     ) -> EarlyResponse:
         message = f"request entity too large (limit {self.max_body_bytes} bytes)"
         return EarlyResponse(413, json.dumps({"error": message}).encode("utf-8"))
-
-    def buildProtocol(self, addr: Any) -> Any:
-        if self.max_connections and self.connections >= self.max_connections:
-            return None  # refused: the reactor closes the socket at once
-        proto = super().buildProtocol(addr)
-        if proto is not None:
-            self.connections += 1
-            lost = proto.connectionLost
-
-            def connectionLost(reason: Any, _lost: Any = lost) -> None:
-                self.connections -= 1
-                _lost(reason)
-
-            proto.connectionLost = connectionLost  # type: ignore[method-assign]
-        return proto

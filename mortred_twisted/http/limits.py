@@ -6,7 +6,8 @@ checks the declared ``Content-Length`` as soon as the headers are in, and counts
 the bytes of a chunked body as they arrive. Past the limit, it asks the site's
 ``early_reject`` policy for the response (so the documented pre-check order
 405 → 401 → 415 → 413 still holds), writes it, and closes the connection without
-reading the rest; no ``100 Continue`` is sent and no route runs.
+reading the rest; no ``100 Continue`` is sent and no route runs. The site can also
+cap the number of open connections (``max_connections``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class LimitedSite(Site):
         *,
         access_log: bool = False,
         on_finished: Callable[[Request], None] | None = None,
+        max_connections: int = 0,
     ) -> None:
         # parsePOSTFormSubmission=False: twisted.web would parse every POST's
         # Content-Type with the email package looking for form data (a large share
@@ -55,9 +57,28 @@ class LimitedSite(Site):
         self.early_reject = early_reject
         self.access_log = access_log
         self.on_finished = on_finished
+        self.max_connections = max_connections
+        self.connections = 0
         self.noisy = False
         self._active: set[Request] = set()
         self._idle_waiters: list[Deferred[None]] = []
+
+    def buildProtocol(self, addr: Any) -> Any:
+        """Refuse a connection beyond ``max_connections`` open ones (0 = no cap): the
+        reactor closes the socket at once."""
+        if self.max_connections and self.connections >= self.max_connections:
+            return None
+        proto = super().buildProtocol(addr)
+        if proto is not None:
+            self.connections += 1
+            lost = proto.connectionLost
+
+            def connectionLost(reason: Any, _lost: Any = lost) -> None:
+                self.connections -= 1
+                _lost(reason)
+
+            proto.connectionLost = connectionLost
+        return proto
 
     @property
     def active_requests(self) -> int:

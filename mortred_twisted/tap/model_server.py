@@ -99,12 +99,11 @@ class ModelServerService(Service):
             self.app.early_reject,
             access_log=self._access_log,
             on_finished=self.app.record_request,
+            max_connections=cfg.max_connections,
         )
         self._site = site
         host = cfg.host.replace(":", "\\:")
-        endpoint = serverFromString(
-            self._reactor, f"tcp:{cfg.port}:interface={host}:backlog={cfg.max_connections}"
-        )
+        endpoint = serverFromString(self._reactor, f"tcp:{cfg.port}:interface={host}:backlog=128")
         d = endpoint.listen(site)
 
         def listening(port: Any) -> Any:

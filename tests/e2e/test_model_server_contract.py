@@ -430,3 +430,25 @@ def test_model_threads_run_nicer_than_the_reactor() -> None:
         if base >= 19:
             pytest.skip("the server already runs at the lowest priority")
         assert min(19, base + 10) in nice.values()
+
+
+def test_connections_beyond_max_connections_are_closed_at_once() -> None:
+    """With max_connections=2, a third open connection is closed without an answer;
+    once one closes, a new one is served."""
+    with model_server(ASYNC_CONF, env={"MORTRED_MAX_CONNECTIONS": "2"}) as srv:
+        held = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(2)]
+        try:
+            for sock in held:  # make sure both are accepted and counted
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as extra:
+                try:
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = extra.recv(65536)
+                except ConnectionResetError:
+                    answer = b""  # closed while our request was in flight
+                assert answer == b""
+        finally:
+            for sock in held:
+                sock.close()
+        assert srv.request("GET", "/healthz")[0] == 200
