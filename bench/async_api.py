@@ -38,32 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.configs import bench_server_toml  # noqa: E402
 from bench.httpload import Connection, Stats, run_clients, timed  # noqa: E402
 from tests.support.servers import free_port, model_server  # noqa: E402
 
 IMG = base64.b64encode(b"bench").decode()
 JSON_HEADERS = {"Content-Type": "application/json"}
 
-CONFIG = """
-[server]
-id = "BENCH"
-host = "127.0.0.1"
-port = 18199
-server_uri = "/infer"
-worker_nums = 2
-max_connections = 4096
-max_queue_depth = 4096
-async_enabled = true
-async_timeout = 0
-async_max_queue = 100000
-async_job_ttl = 300000
-async_max_completed = 2000
-
-[model]
-type = "fake"
-fake_delay_ms = 0
-fake_steps = 10
-"""
+CONFIG = bench_server_toml()
 
 
 def job_body(delay_ms: int, mode: str = "sleep", steps: int = 10) -> bytes:

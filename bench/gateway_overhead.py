@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.configs import bench_server_toml  # noqa: E402
 from bench.httpload import Connection, Stats, run_clients, timed  # noqa: E402
 from tests.support.servers import free_port, model_server  # noqa: E402
 
@@ -50,26 +51,6 @@ TOKEN = "bench-gateway-token"
 INTERNAL = "bench-internal-token"
 BODY = json.dumps({"images": [base64.b64encode(b"bench").decode()]}).encode()
 JSON = {"Content-Type": "application/json"}
-
-SERVER_TOML = """[server]
-id = "BENCH"
-category = "bench"
-host = "127.0.0.1"
-port = {port}
-server_uri = "/infer"
-worker_nums = 2
-max_connections = 4096
-max_queue_depth = 4096
-async_enabled = true
-async_timeout = 0
-async_max_queue = 100000
-async_max_completed = 2000
-
-[model]
-type = "fake"
-fake_delay_ms = 0
-fake_steps = 1
-"""
 
 
 @dataclass
@@ -83,7 +64,7 @@ def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[Gateway]:
     """A gateway process for a one-entry catalog pointing at ``model_port``."""
     catalog = tmp / "conf" / "server"
     catalog.mkdir(parents=True)
-    (catalog / "bench.toml").write_text(SERVER_TOML.format(port=model_port))
+    (catalog / "bench.toml").write_text(bench_server_toml(model_port, fake_steps=1))
     port = free_port()
     (tmp / "conf" / "mortred.toml").write_text(
         f'[supervisor]\ncatalog_dir = "{catalog}"\n'
@@ -223,7 +204,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         cfg = tmp / "model.toml"
-        cfg.write_text(SERVER_TOML.format(port=18199))
+        cfg.write_text(bench_server_toml(18199, fake_steps=1))
         env = {"MORTRED_AUTH_TOKEN": INTERNAL}
         with model_server(cfg, env=env, launcher=("taskset", "-c", args.server_cpus)) as srv, \
                 gateway(tmp / "gw", srv.port, gw_cpus) as gw:  # fmt: skip
