@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.config.catalog import discover
+from tests.support.servers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 API_TOKEN = "e2e-mgmt-token"
@@ -137,15 +137,9 @@ class ControlPlane:
         return [s["pid"] for s in self.status().values() if s.get("pid")]
 
     def stop(self, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        code = stop_process(self.process, timeout)
         self._reader.join(5)
-        return self.process.returncode
+        return code
 
 
 def pid_alive(pid: int) -> bool:

@@ -109,15 +109,21 @@ class RunningServer:
         return status, json.loads(data) if data else None
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        code = stop_process(self.process, timeout)
         self._reader.join(5)
-        return self.process.returncode
+        return code
+
+
+def stop_process(process: subprocess.Popen[str], timeout: float) -> int:
+    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    return process.returncode
 
 
 @contextmanager
