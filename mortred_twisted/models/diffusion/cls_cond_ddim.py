@@ -21,35 +21,31 @@ from typing import Any
 import numpy as np
 
 from mortred_twisted.models.base import Model
-from mortred_twisted.models.diffusion.ddim import ddim_params
+from mortred_twisted.models.diffusion.family import (
+    PREDICTED_X0,
+    ddim_params,
+    ddim_plan,
+    image_size,
+    load_family_unet,
+    pixel_shape,
+    read_ddim_options,
+    read_family_options,
+)
 from mortred_twisted.models.diffusion.service import (
     DiffusionModel,
-    OptionReader,
     SamplingPlan,
-    check_trained_schedule,
     common_params,
-    load_unet,
     resolve_seed,
-    schedule_from_options,
 )
-from mortred_twisted.models.diffusion.weights import pick_device
 from mortred_twisted.models.params import ParamSpec
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
     """Build one CLS_COND_DDIM instance (loader thread); raises ``ModelLoadError``."""
-    reader = OptionReader(options, "CLS_COND_DDIM")
-    reader.get("weights", str)
-    device_name = reader.get("device", str, "auto")
-    schedule = schedule_from_options(reader)
-    max_images = reader.get("max_images", int, 16, minimum=1, maximum=256)
-    sample_steps = reader.get("sample_steps", int, 50, minimum=1, maximum=schedule.timesteps)
-    eta = reader.get("eta", float, 0.0, minimum=0.0, maximum=1.0)
-    guidance = reader.get("guidance_scale", float, 2.0, minimum=0.0, maximum=20.0)
-    reader.finish()
-    device = pick_device(device_name)
-    net, entry = load_unet(reader, root, device, conditional=True)
-    check_trained_schedule(entry, schedule, options)
+    fam = read_family_options(options, "CLS_COND_DDIM")
+    sample_steps, eta = read_ddim_options(fam)
+    guidance = fam.reader.get("guidance_scale", float, 2.0, minimum=0.0, maximum=20.0)
+    device, net, entry = load_family_unet(fam, options, root, conditional=True)
     num_classes = int(entry["arch"]["num_classes"])
     schema = [
         ParamSpec(
@@ -67,9 +63,9 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
             maximum=20.0,
             description="classifier-free guidance scale",
         ),
-        *ddim_params(schedule.timesteps, sample_steps, eta),
-        *common_params(max_images),
-        ParamSpec("predicted_x0", bool, default=False),
+        *ddim_params(fam.schedule.timesteps, sample_steps, eta),
+        *common_params(fam.max_images),
+        PREDICTED_X0,
     ]
 
     def plan(params: Mapping[str, Any]) -> SamplingPlan:
@@ -79,26 +75,21 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
             labels = [int(params["class_id"])] * n
         else:
             labels = np.random.default_rng(seed).integers(0, num_classes, n).tolist()
-        return SamplingPlan(
-            sampler="ddim",
-            steps=int(params["sample_steps"]),
-            eta=float(params["eta"]),
-            num_images=n,
+        return ddim_plan(
+            params,
             seed=seed,
             labels=[int(v) for v in labels],
             guidance_scale=float(params["guidance_scale"]),
-            predicted_x0=bool(params["predicted_x0"]),
         )
 
-    size = int(entry.get("image_size", 16))
     return DiffusionModel(
         family="CLS_COND_DDIM",
         eps_net=net,
-        schedule=schedule,
+        schedule=fam.schedule,
         device=device,
         params_schema=schema,
         plan=plan,
-        sample_shape=(int(entry["arch"]["in_channels"]), size, size),
-        image_size=size,
+        sample_shape=pixel_shape(entry),
+        image_size=image_size(entry),
         num_classes=num_classes,
     )

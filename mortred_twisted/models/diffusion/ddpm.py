@@ -16,32 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.models.base import Model
+from mortred_twisted.models.diffusion.family import (
+    image_size,
+    load_family_unet,
+    pixel_shape,
+    read_family_options,
+)
 from mortred_twisted.models.diffusion.service import (
     DiffusionModel,
-    OptionReader,
     SamplingPlan,
-    check_trained_schedule,
     common_params,
-    load_unet,
     resolve_seed,
-    schedule_from_options,
 )
-from mortred_twisted.models.diffusion.weights import pick_device
 from mortred_twisted.models.params import ParamSpec
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
     """Build one DDPM instance (loader thread); raises ``ModelLoadError``."""
-    reader = OptionReader(options, "DDPM")
-    reader.get("weights", str)
-    device_name = reader.get("device", str, "auto")
-    schedule = schedule_from_options(reader)
-    max_images = reader.get("max_images", int, 16, minimum=1, maximum=256)
-    reader.finish()
-    device = pick_device(device_name)
-    net, entry = load_unet(reader, root, device, conditional=False)
-    check_trained_schedule(entry, schedule, options)
-    total = schedule.timesteps
+    fam = read_family_options(options, "DDPM")
+    device, net, entry = load_family_unet(fam, options, root, conditional=False)
+    total = fam.schedule.timesteps
     schema = [
         ParamSpec(
             "timesteps",
@@ -51,7 +45,7 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
             maximum=total,
             description="sampling steps; fewer than configured respace the schedule",
         ),
-        *common_params(max_images),
+        *common_params(fam.max_images),
     ]
 
     def plan(params: Mapping[str, Any]) -> SamplingPlan:
@@ -63,14 +57,13 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
             seed=resolve_seed(params),
         )
 
-    size = int(entry.get("image_size", 16))
     return DiffusionModel(
         family="DDPM",
         eps_net=net,
-        schedule=schedule,
+        schedule=fam.schedule,
         device=device,
         params_schema=schema,
         plan=plan,
-        sample_shape=(int(entry["arch"]["in_channels"]), size, size),
-        image_size=size,
+        sample_shape=pixel_shape(entry),
+        image_size=image_size(entry),
     )

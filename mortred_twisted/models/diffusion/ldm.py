@@ -26,44 +26,36 @@ import torch
 
 from mortred_twisted.models.base import Model, ModelLoadError
 from mortred_twisted.models.diffusion.autoencoder import AutoencoderConfig, KLAutoencoder
-from mortred_twisted.models.diffusion.ddim import ddim_params
+from mortred_twisted.models.diffusion.family import (
+    PREDICTED_X0,
+    ddim_params,
+    ddim_plan,
+    image_size,
+    load_family_unet,
+    read_ddim_options,
+    read_family_options,
+)
 from mortred_twisted.models.diffusion.service import (
     DiffusionModel,
-    OptionReader,
     SamplingPlan,
-    check_trained_schedule,
     common_params,
-    load_unet,
-    resolve_seed,
-    schedule_from_options,
 )
-from mortred_twisted.models.diffusion.weights import (
-    load_network,
-    pick_device,
-    resolve_path,
-)
+from mortred_twisted.models.diffusion.weights import load_network, resolve_path
 from mortred_twisted.models.params import ParamSpec
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
     """Build one LDM instance (loader thread); raises ``ModelLoadError``."""
-    reader = OptionReader(options, "LDM")
-    reader.get("weights", str)
+    fam = read_family_options(options, "LDM")
+    reader = fam.reader
     ae_name = reader.get("autoencoder", str)
-    device_name = reader.get("device", str, "auto")
-    schedule = schedule_from_options(reader)
-    max_images = reader.get("max_images", int, 16, minimum=1, maximum=256)
     sampler = reader.get("sampler", str, "ddim", choices=("ddim", "ddpm"))
-    sample_steps = reader.get("sample_steps", int, 50, minimum=1, maximum=schedule.timesteps)
-    eta = reader.get("eta", float, 0.0, minimum=0.0, maximum=1.0)
+    sample_steps, eta = read_ddim_options(fam)
     latent_dims = reader.get("latent_dims", int, minimum=1)
     downscale = reader.get("downscale", int, minimum=1)
     latent_scale = reader.get("latent_scale", float, minimum=0.0)
     latent_clip = reader.get("latent_clip", float, 5.0, minimum=0.0)
-    reader.finish()
-    device = pick_device(device_name)
-    net, entry = load_unet(reader, root, device, conditional=False)
-    check_trained_schedule(entry, schedule, options)
+    device, net, entry = load_family_unet(fam, options, root, conditional=False)
     ae_path = resolve_path(ae_name, root, "autoencoder")
     ae, ae_record = load_network(
         ae_path,
@@ -88,31 +80,26 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
         raise ModelLoadError("LDM configuration does not match its weights: " + "; ".join(problems))
     schema = [
         ParamSpec("sampler", str, default=sampler, choices=("ddim", "ddpm")),
-        *ddim_params(schedule.timesteps, sample_steps, eta),
-        *common_params(max_images),
-        ParamSpec("predicted_x0", bool, default=False),
+        *ddim_params(fam.schedule.timesteps, sample_steps, eta),
+        *common_params(fam.max_images),
+        PREDICTED_X0,
     ]
 
     def plan(params: Mapping[str, Any]) -> SamplingPlan:
-        return SamplingPlan(
-            sampler=str(params["sampler"]),
-            steps=int(params["sample_steps"]),
-            eta=float(params["eta"]) if params["sampler"] == "ddim" else 1.0,
-            num_images=int(params["num_images"]),
-            seed=resolve_seed(params),
-            predicted_x0=bool(params["predicted_x0"]),
-        )
+        chosen = str(params["sampler"])
+        eta = float(params["eta"]) if chosen == "ddim" else 1.0
+        return ddim_plan(params, sampler=chosen, eta=eta)
 
     decoder = ae
 
     def decode(z: torch.Tensor) -> torch.Tensor:
         return decoder.decode(z / latent_scale)  # type: ignore[operator]
 
-    size = int(entry.get("image_size", 16))
+    size = image_size(entry)
     return DiffusionModel(
         family="LDM",
         eps_net=net,
-        schedule=schedule,
+        schedule=fam.schedule,
         device=device,
         params_schema=schema,
         plan=plan,
