@@ -98,17 +98,13 @@ class ModelRuntime:
         threads = torch_threads_for(cfg.torch_threads, cfg.worker_nums)
 
         def build_all() -> list[Model]:
-            models = build()
-            apply_torch_threads(threads)
-            return models
-
-        def build() -> list[Model]:
             root = Path(cfg.root)
+            models: list[Model]
             if cfg.worker_isolation == "process":
                 # One in-process instance validates requests; each worker's model
                 # lives in its own process (see models/isolated.py).
                 local = self._build_model(cfg.model_type, cfg.model_options, root)
-                return [
+                models = [
                     IsolatedModel(
                         cfg.model_type,
                         cfg.model_options,
@@ -119,10 +115,13 @@ class ModelRuntime:
                     )
                     for _ in range(cfg.worker_nums)
                 ]
-            return [
-                self._build_model(cfg.model_type, cfg.model_options, root)
-                for _ in range(cfg.worker_nums)
-            ]
+            else:
+                models = [
+                    self._build_model(cfg.model_type, cfg.model_options, root)
+                    for _ in range(cfg.worker_nums)
+                ]
+            apply_torch_threads(threads)
+            return models
 
         d = self.threads.run(build_all)
         d.addCallbacks(self._loaded, self._load_failed)
