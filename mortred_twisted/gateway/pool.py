@@ -53,6 +53,10 @@ _UNAVAILABLE = (
 MAX_HEAD = 64 * 1024
 
 
+#: Transports whose socket :func:`eager_write` may use directly (not TLS, not tests').
+_PLAIN_TCP = (tcp.Client, tcp.Server)
+
+
 def eager_write(transport: Any, data: bytes) -> None:
     """``transport.write(data)``, but sent on the socket now when the transport is a
     plain idle TCP connection: saves the writer registration (two ``epoll_ctl``) and a
@@ -60,7 +64,7 @@ def eager_write(transport: Any, data: bytes) -> None:
     and any error, goes through ``transport.write`` (Twisted then reports the error as
     a lost connection)."""
     if (
-        type(transport) is tcp.Client
+        type(transport) in _PLAIN_TCP
         and transport.connected
         and not transport.disconnecting
         and not transport.dataBuffer

@@ -12,11 +12,12 @@ through unchanged, except job URLs: the submit's 202 ``Location`` and the
 ``poll_url``/``result_url`` fields (of the 202 and of 200 poll/wait views, which
 repeat them) are rewritten to ``/v1/models/<id>/jobs/...``.
 
-:meth:`GatewayApp.dispatch` matches every path by hand, so the served root is
-:class:`GatewayResource`, which calls it directly (no Klein/werkzeug per request);
-the Klein app routes everything to the same method and is kept as
-:meth:`GatewayApp.klein_resource` (a test checks both answer alike). The resource
-cancels the forward's Deferred when the client disconnects, which cancels the
+:meth:`GatewayApp.dispatch` matches every path by hand and works on any request object
+with the ``IRequest`` subset it uses. The gateway serves it through its own lean
+HTTP/1.1 server (:mod:`mortred_twisted.gateway.server`); :class:`GatewayResource`
+serves the same method under twisted.web, and the Klein app routes everything to it
+(:meth:`GatewayApp.klein_resource`); tests check all three answer alike. A client
+that disconnects cancels the forward's Deferred, which cancels the
 upstream request. Per-request metrics are plain counters
 (:class:`~mortred_twisted.gateway.metrics.HotPathStats`).
 """
@@ -109,7 +110,7 @@ class GatewayApp:
         self._request_id = request_id or request_ids()
 
     def resource(self) -> Any:
-        """The root resource to serve: :class:`GatewayResource` (no Klein per request)."""
+        """``dispatch`` as a twisted.web root resource (:class:`GatewayResource`)."""
         return GatewayResource(self)
 
     def klein_resource(self) -> Any:

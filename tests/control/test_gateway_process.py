@@ -95,6 +95,46 @@ def test_body_over_limit_is_413_without_forwarding(plane: ControlPlane) -> None:
     assert reply.startswith(b"HTTP/1.1 413")
 
 
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """``count`` (status, body) answers from a keep-alive socket (Content-Length framed)."""
+    buf, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        answers.append((int(head.split(b" ")[1]), buf[:length]))
+        buf = buf[length:]
+    return answers
+
+
+def test_pipelined_and_chunked_requests_on_one_connection(plane: ControlPlane) -> None:
+    """Over a real socket: a chunked submit, a poll and a 404 sent back to back in one
+    write are answered in order on the same keep-alive connection, and the chunked
+    body reaches the model whole (the job runs)."""
+    auth = "Authorization: Bearer e2e-gateway-token\r\nHost: x\r\n"
+    body = json.dumps({"images": ["aGk="], "params": {"delay_ms": 10}}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7])
+                       for i in range(0, len(body), 7)) + b"0\r\n\r\n"  # fmt: skip
+    with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
+        s.sendall(
+            f"POST {JOBS} HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode() + chunked
+            + f"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"GET {JOBS}/job_nope HTTP/1.1\r\n{auth}\r\n".encode()
+        )  # fmt: skip
+        (submit, submitted), (health, _), (missing, _) = read_answers(s, 3)
+        assert (submit, health, missing) == (202, 200, 404)
+        job = json.loads(submitted)["job_id"]
+        s.sendall(f"GET {JOBS}/{job}/wait?timeout=10000 HTTP/1.1\r\n{auth}\r\n".encode())
+        ((status, view),) = read_answers(s, 1)
+    assert status == 200 and json.loads(view)["state"] == "done"
+
+
 def test_upstream_slower_than_recv_timeout_is_504(plane: ControlPlane) -> None:
     """A wait budget above upstream_recv_timeout_ms is cut by the gateway with 504."""
     code, _, body, _ = plane.gw("POST", JOBS, body=BODY)

@@ -357,3 +357,65 @@ def test_fast_resource_and_klein_answer_alike() -> None:
             seen.append((r.code, headers, body))
         answers.append(seen)
     assert answers[0] == answers[1]
+
+
+def raw_call(h: Harness, lean: bool, method: str, path: str,
+             headers: dict[str, str] | None = None, data: bytes | None = None
+             ) -> tuple[int, dict[bytes, list[bytes]], bytes]:  # fmt: skip
+    """One request in memory through the served lean server (gateway/server.py), or
+    through twisted.web serving ``GatewayResource``: (status, headers, body)."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+    from twisted.web.server import Site
+
+    from mortred_twisted.gateway.server import GatewayServerFactory
+
+    factory: Any = (
+        GatewayServerFactory(h.app, clock=h.clock, max_body_bytes=1 << 20)
+        if lean
+        else Site(h.app.resource())
+    )
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    lines = [f"{method} {path} HTTP/1.1", "Host: gw"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if data is not None:
+        lines.append(f"Content-Length: {len(data)}")
+    proto.dataReceived(("\r\n".join(lines) + "\r\n\r\n").encode() + (data or b""))
+    h.flush()
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    status_line, *header_lines = head.split(b"\r\n")
+    found: dict[bytes, list[bytes]] = {}
+    for line in header_lines:
+        name, _, value = line.partition(b": ")
+        found.setdefault(name.lower(), []).append(value)
+    return int(status_line.split(b" ")[1]), found, body
+
+
+def test_lean_server_and_twisted_web_answer_alike() -> None:
+    """The served lean HTTP server and twisted.web (GatewayResource) give the same
+    status, headers and body for hot routes, errors, health and auth failures."""
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("GET", "/healthz", {}),
+        ("POST", "/healthz", {}),
+        ("GET", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/job_nope", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/job_known/result", {"headers": AUTH}),
+        ("POST", "/v1/models/ASYNC/jobs", {"headers": AUTH, "data": b"{}"}),
+        ("POST", "/v1/models/ASYNC/infer", {"headers": AUTH, "data": b"{}"}),
+        ("POST", "/mortred/sync/infer", {"headers": AUTH, "data": b"{}"}),
+        ("GET", "/v1/models/ASYNC/infer", {"headers": AUTH}),
+        ("GET", "/v1/models/NOPE/jobs/x", {"headers": AUTH}),
+        ("GET", "/v1/models/ASYNC/jobs/x", {}),
+        ("GET", "/v1/models/ASYNC/jobs/x", {"headers": {"Authorization": "Bearer nope"}}),
+        ("GET", "/jobs/x", {"headers": AUTH}),
+        ("GET", "/metrics", {}),
+    ]
+    skip = (b"date", b"server", b"connection")
+    for method, path, kw in calls:
+        answers = []
+        for lean in (True, False):
+            code, headers, body = raw_call(Harness(), lean, method, path, **kw)
+            answers.append((code, {k: v for k, v in headers.items() if k not in skip}, body))
+        assert answers[0] == answers[1], (method, path)

@@ -1,0 +1,284 @@
+"""The gateway's lean HTTP/1.1 server: framing, keep-alive, pipelining, limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from mortred_twisted.gateway.server import (
+    MAX_HEAD,
+    MAX_PIPELINED,
+    GatewayServerFactory,
+    ProxyRequest,
+)
+
+
+class StubApp:
+    """Records requests; answers ``answer`` bytes, or a Deferred when ``defer_next``."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[bytes, bytes, bytes, dict[bytes, list[bytes]]]] = []
+        self.pending: list[defer.Deferred[bytes]] = []
+        self.defer_next = False
+        self.raise_next = False
+        self.cancelled = 0
+
+    def dispatch(self, request: ProxyRequest) -> Any:
+        body = request.content.read() if request.content is not None else b""
+        headers = {k: v for k, (_, v) in request.requestHeaders._items.items()}
+        self.requests.append((request.method, request.uri, body, headers))
+        if self.raise_next:
+            raise RuntimeError("boom")
+        request.setHeader(b"Content-Type", b"text/plain")
+        request.setHeader(b"X-Path", request.path)
+        if self.defer_next:
+            d: defer.Deferred[bytes] = defer.Deferred(self._cancel)
+            self.pending.append(d)
+            return d
+        return b"ok " + request.uri
+
+    def _cancel(self, _: Any) -> None:
+        self.cancelled += 1
+
+
+class Conn:
+    def __init__(self, **kw: Any) -> None:
+        self.app = StubApp()
+        self.clock = Clock()
+        self.refused: list[int] = []
+        self.factory = GatewayServerFactory(
+            self.app,
+            clock=self.clock,
+            max_body_bytes=kw.pop("max_body_bytes", 32),
+            on_refused=self.refused.append,
+            **kw,
+        )
+        self.factory.doStart()
+        self.proto = self.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+        assert self.proto is not None
+        self.transport = StringTransport()
+        self.proto.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def out(self) -> bytes:
+        value = self.transport.value()
+        self.transport.clear()
+        return value
+
+
+def responses(raw: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """Split a byte stream into (status, headers, body) by Content-Length."""
+    found = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ")[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b": ")
+            headers[name.lower()] = value
+        length = 0 if status == 100 else int(headers[b"content-length"])
+        found.append((status, headers, raw[:length]))
+        raw = raw[length:]
+    return found
+
+
+GET = b"GET /a?q=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+def test_keep_alive_answers_in_one_write_with_server_headers() -> None:
+    c = Conn()
+    c.send(GET)
+    c.send(b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+    (s1, h1, b1), (s2, _, b2) = responses(c.out())
+    assert (s1, b1, s2, b2) == (200, b"ok /a?q=1", 200, b"ok /b")
+    assert h1[b"x-path"] == b"/a" and h1[b"content-type"] == b"text/plain"
+    assert h1[b"server"] == b"mortred-gateway" and h1[b"date"].endswith(b" GMT")
+    assert b"connection" not in h1 and not c.transport.disconnecting
+
+
+def test_pipelined_requests_wait_for_the_one_in_progress() -> None:
+    """Two requests in one read: the second is dispatched only after the first is
+    answered, and the answers come in request order."""
+    c = Conn()
+    c.app.defer_next = True
+    c.send(GET + b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert len(c.app.requests) == 1 and c.out() == b""
+    c.app.defer_next = False
+    c.app.pending[0].callback(b"first")
+    answers = responses(c.out())
+    assert [b for _, _, b in answers] == [b"first", b"ok /b"]
+
+
+def test_pipelined_backlog_pauses_reading() -> None:
+    c = Conn()
+    c.app.defer_next = True
+    c.send(GET)
+    c.send(b"x" * (MAX_PIPELINED + 1))
+    assert c.transport.producerState == "paused"
+    c.app.pending[0].callback(b"done")
+    assert c.transport.producerState == "producing"
+
+
+def test_http10_closes_unless_keep_alive() -> None:
+    c = Conn()
+    c.send(b"GET /a HTTP/1.0\r\n\r\n")
+    ((status, headers, _),) = responses(c.out())
+    assert status == 200 and headers[b"connection"] == b"close" and c.transport.disconnecting
+    c = Conn()
+    c.send(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    ((status, headers, _),) = responses(c.out())
+    assert headers[b"connection"] == b"keep-alive" and not c.transport.disconnecting
+
+
+def test_connection_close_is_honoured() -> None:
+    c = Conn()
+    c.send(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n" + GET)
+    ((_, headers, _),) = responses(c.out())
+    assert headers[b"connection"] == b"close" and c.transport.disconnecting
+    assert len(c.app.requests) == 1  # nothing after a close is served
+
+
+def test_body_split_across_reads() -> None:
+    c = Conn()
+    c.send(b"POST /p HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123")
+    c.send(b"45")
+    assert c.app.requests == []
+    c.send(b"6789" + GET)
+    assert [r[2] for r in c.app.requests] == [b"0123456789", b""]
+    assert len(responses(c.out())) == 2
+
+
+def test_chunked_body_is_decoded_byte_by_byte() -> None:
+    c = Conn()
+    raw = (
+        b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n" + GET
+    )
+    for i in range(len(raw)):
+        c.send(raw[i : i + 1])
+    assert [r[2] for r in c.app.requests] == [b"hello world", b""]
+    assert [s for s, _, _ in responses(c.out())] == [200, 200]
+
+
+def test_declared_body_over_limit_is_413_at_once() -> None:
+    """413 from the head alone: no 100 Continue, no dispatch, the connection closes."""
+    c = Conn()
+    c.send(b"POST /p HTTP/1.1\r\nContent-Length: 33\r\nExpect: 100-continue\r\n\r\n")
+    out = c.out()
+    ((status, headers, body),) = responses(out)
+    assert status == 413 and b"100 Continue" not in out
+    assert body == b'{"error": "request entity too large (limit 32 bytes)"}'
+    assert headers[b"connection"] == b"close" and c.transport.disconnecting
+    assert c.app.requests == [] and c.refused == [413]
+
+
+def test_chunked_body_over_limit_is_413() -> None:
+    c = Conn()
+    c.send(b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n" + b"a" * 16 + b"\r\n")
+    assert c.out() == b""
+    c.send(b"11\r\n")  # 16 + 17 > 32: refused before the chunk's bytes arrive
+    ((status, _, _),) = responses(c.out())
+    assert status == 413 and c.app.requests == [] and c.transport.disconnecting
+
+
+def test_expect_continue_within_limit() -> None:
+    c = Conn()
+    c.send(b"POST /p HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+    assert c.out() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    c.send(b"hi")
+    ((status, _, _),) = responses(c.out())
+    assert status == 200 and c.app.requests[0][2] == b"hi"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET /a\r\n\r\n", 400),
+        (b"GET /a HTTP/2.0\r\n\r\n", 400),
+        (b"GET a HTTP/1.1\r\n\r\n", 400),
+        (b"G(T /a HTTP/1.1\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nBad Name: x\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\n folded\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nX: " + b"a" * (MAX_HEAD + 1), 431),
+    ],
+)
+def test_bad_requests_are_refused_and_closed(raw: bytes, status: int) -> None:
+    c = Conn()
+    c.send(raw)
+    ((got, headers, body),) = responses(c.out())
+    assert got == status and body.startswith(b'{"error": ')
+    assert headers[b"connection"] == b"close" and c.transport.disconnecting
+    assert c.app.requests == [] and c.refused == [status]
+
+
+def test_repeated_equal_content_length_is_accepted() -> None:
+    c = Conn()
+    c.send(b"POST /a HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok")
+    assert c.app.requests[0][2] == b"ok"
+
+
+def test_head_has_length_but_no_body() -> None:
+    c = Conn()
+    c.send(b"HEAD /a HTTP/1.1\r\n\r\n" + GET)
+    out = c.out()
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n")
+    first, _, rest = out.partition(b"\r\n\r\n")
+    assert b"Content-Length: 5" in first and rest.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_disconnect_cancels_the_request_in_progress() -> None:
+    c = Conn()
+    c.app.defer_next = True
+    c.send(GET)
+    c.proto.connectionLost(None)
+    assert c.app.cancelled == 1 and c.app.pending[0].called
+    assert c.factory.open_connections == 0
+
+
+def test_unexpected_errors_are_500_and_close() -> None:
+    c = Conn()
+    c.app.raise_next = True
+    c.send(GET)
+    ((status, headers, body),) = responses(c.out())
+    assert (status, body) == (500, b"") and headers[b"connection"] == b"close"
+    c = Conn()
+    c.app.defer_next = True
+    c.send(GET)
+    c.app.pending[0].errback(RuntimeError("late boom"))
+    ((status, _, _),) = responses(c.out())
+    assert status == 500 and c.transport.disconnecting
+
+
+def test_connection_cap() -> None:
+    c = Conn(max_connections=1)
+    assert c.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5556)) is None
+    c.proto.connectionLost(None)
+    assert c.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5557)) is not None
+
+
+def test_idle_connections_are_swept_but_not_busy_ones() -> None:
+    c = Conn(idle_timeout_s=10)
+    busy = Conn(idle_timeout_s=10)
+    busy.app.defer_next = True
+    busy.send(GET)
+    half = Conn(idle_timeout_s=10)
+    half.send(b"GET /slow HTTP/1.1\r\n")  # a head that never completes
+    for conn in (c, busy, half):
+        conn.clock.advance(16)
+    assert c.transport.disconnecting and half.transport.disconnecting
+    assert not busy.transport.disconnecting
+    c.factory.doStop()
+    assert not c.clock.getDelayedCalls()
