@@ -1,15 +1,26 @@
 """Gateway overhead: the same calls direct to the model port and through the gateway.
 
     .venv/bin/python bench/gateway_overhead.py [--server-cpus 0] [--gateway-cpus 0] \
-        [--client-cpus 1] [--duration 3] [--connections 1,16,64]
+        [--client-cpus 1] [--client wrk|python] [--duration 3] [--connections 1,16,64]
 
 Starts a fake model server (``fake_delay_ms = 0``, async on) and a gateway in front
 of it (``twistd -n mortred-gateway`` with a bearer token, an internal token and a
 persistent upstream pool), pinned with ``taskset`` to ``--server-cpus`` and
-``--gateway-cpus`` (the same core by default: the gateway's work then competes with
-the model's, the pessimistic case on a small machine); the
-keep-alive asyncio client runs here, pinned to ``--client-cpus``. In one run, for each
-connection count, alternately direct and through the gateway:
+``--gateway-cpus``. The load comes from ``wrk`` (one thread, keep-alive; Debian's
+``wrk`` package, installed by ``make bench-gateway``) or, with ``--client python``
+or when ``wrk`` is missing, from the keep-alive asyncio client in
+:mod:`bench.httpload`; either runs pinned to ``--client-cpus``.
+
+Where the gateway runs decides what is measured on a small machine:
+
+* ``--gateway-cpus`` = the model's core (the default): every gateway µs is taken from
+  the model; the ratio is then at most model CPU / (model + gateway CPU) per request,
+  the pessimistic case;
+* ``--gateway-cpus`` = the client's core: the model keeps a core to itself in both
+  runs and the gateway shares the load generator's (wrk spends ~10 µs of CPU per
+  request), the nearest this 2-core machine comes to a gateway with its own core.
+
+In one run, for each connection count, alternately direct and through the gateway:
 
 * ``GET /jobs/{id}`` of a done job (the poll path; the issue's target: added p50 ≤ 2 ms
   and gateway throughput ≥ 60 % of direct);
@@ -30,6 +41,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.configs import bench_server_toml  # noqa: E402
-from bench.httpload import Connection, Stats, run_clients, timed  # noqa: E402
+from bench.httpload import Connection, run_clients, timed  # noqa: E402
 from tests.support.servers import free_port, model_server  # noqa: E402
 
 TOKEN = "bench-gateway-token"
@@ -89,7 +101,7 @@ def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[Gateway]:
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if "GatewaySite starting on" in line:
+            if "GatewayServerFactory starting on" in line:
                 started.set()
         started.set()
 
@@ -119,8 +131,60 @@ async def prepare_job(port: int) -> str:
         await conn.close()
 
 
-async def load(port: int, method: str, path: str, token: str, clients: int, duration: float
-               ) -> Stats:  # fmt: skip
+@dataclass
+class Load:
+    """One load run: latency percentiles (ms), throughput and non-200 answers."""
+
+    p50: float
+    p99: float
+    count: int
+    rate: float
+    errors: int
+
+    def pct(self, q: int) -> float:
+        return self.p50 if q == 50 else self.p99
+
+
+#: wrk's Lua hook: the request (method, body, headers) and one parseable result line.
+WRK_SCRIPT = """
+wrk.method = os.getenv("BENCH_METHOD")
+local body = os.getenv("BENCH_BODY")
+if body ~= "" then wrk.body = body end
+wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN")
+if wrk.method == "POST" then wrk.headers["Content-Type"] = "application/json" end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRKRESULT %d %d %d %.1f %.1f\\n", summary.requests,
+    summary.duration, e.status + e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk_load(port: int, method: str, path: str, token: str, clients: int, duration: float,
+             cpus: str) -> Load:  # fmt: skip
+    """Run wrk (one thread, ``clients`` keep-alive connections) pinned to ``cpus``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT)
+    env = {
+        **os.environ,
+        "BENCH_METHOD": method,
+        "BENCH_BODY": BODY.decode() if method == "POST" else "",
+        "BENCH_TOKEN": token,
+    }
+    cmd = ["taskset", "-c", cpus, "wrk", "-t1", f"-c{clients}", f"-d{max(1, round(duration))}s",
+           "--timeout", "10s", "-s", script.name, f"http://127.0.0.1:{port}{path}"]  # fmt: skip
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(script.name)
+    line = next(ln for ln in out.splitlines() if ln.startswith("WRKRESULT"))
+    count, micros, errors, p50, p99 = (float(x) for x in line.split()[1:])
+    return Load(p50 / 1000, p99 / 1000, int(count), count / (micros / 1e6), int(errors))
+
+
+async def python_load(port: int, method: str, path: str, token: str, clients: int,
+                      duration: float) -> Load:  # fmt: skip
     headers = {"Authorization": f"Bearer {token}", **(JSON if method == "POST" else {})}
     body = BODY if method == "POST" else b""
 
@@ -129,7 +193,20 @@ async def load(port: int, method: str, path: str, token: str, clients: int, dura
         assert resp.status == 200, (resp.status, resp.body[:200])
         return latency
 
-    return await run_clients("127.0.0.1", port, clients, step, duration_s=duration)
+    stats = await run_clients("127.0.0.1", port, clients, step, duration_s=duration)
+    return Load(stats.pct(50), stats.pct(99), stats.count, stats.rate, stats.errors)
+
+
+#: --client-cpus when wrk is the client; None: the Python client (in this process).
+WRK_CPUS: list[str | None] = [None]
+
+
+async def load(port: int, method: str, path: str, token: str, clients: int, duration: float
+               ) -> Load:  # fmt: skip
+    cpus = WRK_CPUS[0]
+    if cpus is not None:
+        return await asyncio.to_thread(wrk_load, port, method, path, token, clients, duration, cpus)
+    return await python_load(port, method, path, token, clients, duration)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -142,7 +219,7 @@ def cpu_seconds(pid: int) -> float:
 class Cell:
     """One measurement and the CPU the model and gateway processes spent on it."""
 
-    stats: Stats
+    stats: Load
     model_us: float  # model CPU µs per request
     gateway_us: float  # gateway CPU µs per request
 
@@ -197,7 +274,14 @@ def main() -> None:
     ap.add_argument("--client-cpus", default="1")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--connections", default="1,16,64")
+    ap.add_argument("--client", choices=("wrk", "python"), default=None,
+                    help="load generator (default: wrk when installed)")  # fmt: skip
     args = ap.parse_args()
+    client = args.client or ("wrk" if shutil.which("wrk") else "python")
+    if client == "wrk":
+        if not shutil.which("wrk"):
+            ap.error("wrk is not installed (apt-get install wrk, or make bench-gateway)")
+        WRK_CPUS[0] = args.client_cpus
     os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     connections = [int(c) for c in args.connections.split(",")]
     gw_cpus = args.gateway_cpus or args.server_cpus
@@ -209,7 +293,7 @@ def main() -> None:
         with model_server(cfg, env=env, launcher=("taskset", "-c", args.server_cpus)) as srv, \
                 gateway(tmp / "gw", srv.port, gw_cpus) as gw:  # fmt: skip
             print(f"model :{srv.port} on cpus {args.server_cpus}, gateway :{gw.port} on "
-                  f"cpus {gw_cpus}, client on cpus {args.client_cpus}, "
+                  f"cpus {gw_cpus}, {client} client on cpus {args.client_cpus}, "
                   f"{args.duration} s per cell\n")  # fmt: skip
             print("| call | conns | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms "
                   "| direct req/s | gateway req/s | ratio | model CPU µs/req "
