@@ -329,6 +329,9 @@ class _ReadyConnection(UpstreamConnection):
     ready: defer.Deferred[UpstreamConnection] | None = None
 
     def connectionMade(self) -> None:
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            no_delay(True)  # requests are single writes: never wait for an ACK
         ready, self.ready = self.ready, None
         if ready is not None and not ready.called:
             ready.callback(self)

@@ -362,6 +362,9 @@ class GatewayConnection(Protocol):
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            no_delay(True)  # answers are single writes: never wait for an ACK
 
     # -- reading ---------------------------------------------------------------------
 

@@ -85,7 +85,8 @@ def test_sighup_reloads_keys_without_dropping_requests(plane: ControlPlane) -> N
 
 
 def test_body_over_limit_is_413_without_forwarding(plane: ControlPlane) -> None:
-    """A Content-Length over request_size_limit_mb is refused right after the headers."""
+    """A Content-Length over request_size_limit_mb is refused right after the headers,
+    and counted in the gateway's metrics."""
     with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
         s.sendall(
             f"POST {JOBS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer e2e-gateway-token\r\n"
@@ -93,6 +94,8 @@ def test_body_over_limit_is_413_without_forwarding(plane: ControlPlane) -> None:
         )
         reply = s.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413")
+    refused = 'mortred_gateway_requests_total{route="refused",status="413"}'
+    assert metric(plane, refused) >= 1
 
 
 def read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
