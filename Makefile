@@ -45,8 +45,15 @@ lint: install
 bench: install
 	$(PY) bench/async_api.py --duration 3
 
+# wrk (Debian) is the load generator; without it the bench falls back to its
+# Python client. Two topologies: the gateway on the load generator's core (the model
+# keeps its own core), then the gateway sharing the model's core.
 bench-gateway: install
-	$(PY) bench/gateway_overhead.py --duration 3
+	@command -v wrk >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk \
+	    >/dev/null 2>&1 || echo "warning: could not install wrk; using the Python client" >&2
+	$(PY) bench/gateway_overhead.py --duration 3 --gateway-cpus 1
+	$(PY) bench/gateway_overhead.py --duration 3 --gateway-cpus 0
 
 bench-diffusion: install
 	$(PY) bench/diffusion_speed.py --threads 1,2 --batch 8
