@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol as TypingProtocol
@@ -50,9 +49,10 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES, datetimeToString
+from twisted.web.http import RESPONSES
 
 from mortred_twisted.gateway.pool import eager_write
+from mortred_twisted.http.limits import http_date
 
 log = Logger()
 
@@ -163,18 +163,6 @@ class BadRequest(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-_date_cache: list[Any] = [0, b""]
-
-
-def http_date() -> bytes:
-    """The ``Date`` value, formatted once per second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[0] = now
-        _date_cache[1] = datetimeToString(now)
-    return _date_cache[1]
 
 
 def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:

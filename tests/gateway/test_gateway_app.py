@@ -323,31 +323,37 @@ def test_metrics_counts_routes() -> None:
     assert 'mortred_gateway_auth_failures_total{reason="missing"} 1.0' in text
 
 
+#: Hot routes, errors, health and auth failures, for the answer-alike tests.
+ALIKE_CALLS: list[tuple[str, str, dict[str, Any]]] = [
+    ("GET", "/healthz", {}),
+    ("POST", "/healthz", {}),
+    ("GET", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
+    ("GET", "/v1/models/ASYNC/jobs/job_nope", {"headers": AUTH}),
+    ("GET", "/v1/models/ASYNC/jobs/job_known/result", {"headers": AUTH}),
+    ("POST", "/v1/models/ASYNC/jobs", {"headers": AUTH, "data": b"{}"}),
+    ("POST", "/v1/models/ASYNC/infer", {"headers": AUTH, "data": b"{}"}),
+    ("POST", "/mortred/sync/infer", {"headers": AUTH, "data": b"{}"}),
+    ("GET", "/v1/models/ASYNC/infer", {"headers": AUTH}),
+    ("GET", "/v1/models/NOPE/jobs/x", {"headers": AUTH}),
+    ("GET", "/v1/models/ASYNC/jobs/x", {}),
+    ("GET", "/v1/models/ASYNC/jobs/x", {"headers": {"Authorization": "Bearer nope"}}),
+    ("GET", "/jobs/x", {"headers": AUTH}),
+    ("GET", "/metrics", {}),
+]
+
+
 def test_fast_resource_and_klein_answer_alike() -> None:
     """GatewayResource (served) and the Klein resource give the same status, headers
     and body for hot routes, errors, health and auth failures."""
     from treq.testing import StubTreq as Stub
 
-    calls: list[tuple[str, str, dict[str, Any]]] = [
-        ("GET", "/healthz", {}),
-        ("POST", "/healthz", {}),
-        ("GET", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/job_nope", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/job_known/result", {"headers": AUTH}),
-        ("POST", "/v1/models/ASYNC/jobs", {"headers": AUTH, "data": b"{}"}),
-        ("POST", "/v1/models/ASYNC/infer", {"headers": AUTH, "data": b"{}"}),
-        ("GET", "/v1/models/ASYNC/infer", {"headers": AUTH}),
-        ("GET", "/v1/models/NOPE/jobs/x", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/x", {}),
-        ("GET", "/jobs/x", {"headers": AUTH}),
-    ]
     answers = []
     for klein in (False, True):
         h = Harness()
         if klein:
             h.client = Stub(h.app.klein_resource())
         seen = []
-        for method, path, kw in calls:
+        for method, path, kw in ALIKE_CALLS:
             r, body = h.call(method, path, **kw)
             headers = {
                 k.lower(): v
@@ -396,24 +402,8 @@ def raw_call(h: Harness, lean: bool, method: str, path: str,
 def test_lean_server_and_twisted_web_answer_alike() -> None:
     """The served lean HTTP server and twisted.web (GatewayResource) give the same
     status, headers and body for hot routes, errors, health and auth failures."""
-    calls: list[tuple[str, str, dict[str, Any]]] = [
-        ("GET", "/healthz", {}),
-        ("POST", "/healthz", {}),
-        ("GET", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/job_nope", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/job_known/result", {"headers": AUTH}),
-        ("POST", "/v1/models/ASYNC/jobs", {"headers": AUTH, "data": b"{}"}),
-        ("POST", "/v1/models/ASYNC/infer", {"headers": AUTH, "data": b"{}"}),
-        ("POST", "/mortred/sync/infer", {"headers": AUTH, "data": b"{}"}),
-        ("GET", "/v1/models/ASYNC/infer", {"headers": AUTH}),
-        ("GET", "/v1/models/NOPE/jobs/x", {"headers": AUTH}),
-        ("GET", "/v1/models/ASYNC/jobs/x", {}),
-        ("GET", "/v1/models/ASYNC/jobs/x", {"headers": {"Authorization": "Bearer nope"}}),
-        ("GET", "/jobs/x", {"headers": AUTH}),
-        ("GET", "/metrics", {}),
-    ]
     skip = (b"date", b"server", b"connection")
-    for method, path, kw in calls:
+    for method, path, kw in ALIKE_CALLS:
         answers = []
         for lean in (True, False):
             code, headers, body = raw_call(Harness(), lean, method, path, **kw)
