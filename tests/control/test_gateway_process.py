@@ -6,6 +6,7 @@ is 1.5 s (so the 504 path is quick) and whose key file the tests rewrite.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -136,6 +137,16 @@ def test_pipelined_and_chunked_requests_on_one_connection(plane: ControlPlane) -
         s.sendall(f"GET {JOBS}/{job}/wait?timeout=10000 HTTP/1.1\r\n{auth}\r\n".encode())
         ((status, view),) = read_answers(s, 1)
     assert status == 200 and json.loads(view)["state"] == "done"
+
+
+def test_large_body_is_forwarded_whole(plane: ControlPlane) -> None:
+    """A body over the in-memory threshold (64 KiB; streamed upstream) reaches the
+    model intact: an invalid base64 image at its very end is the model's 422."""
+    good = base64.b64encode(os.urandom(300_000)).decode()
+    code, _, body, _ = plane.gw("POST", JOBS, body={"images": [good], "params": {"delay_ms": 10}})
+    assert code == 202, body
+    code, _, body, _ = plane.gw("POST", JOBS, body={"images": [good + "!"]})
+    assert code == 422 and b"base64" in body.lower(), body
 
 
 def test_upstream_slower_than_recv_timeout_is_504(plane: ControlPlane) -> None:
