@@ -11,41 +11,22 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from mortred_twisted.config.catalog import discover
-from tests.support.servers import stop_process
+from tests.support.servers import free_port, stop_process
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 API_TOKEN = "e2e-mgmt-token"
 GW_TOKEN = "e2e-gateway-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
-    """Re-check ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        pause.wait(step)
 
 
 def call(
