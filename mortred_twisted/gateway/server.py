@@ -24,10 +24,15 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   ``413`` as soon as that is known, with ``Connection: close``; no ``100 Continue``
   is sent, the rest is not read and no route runs. ``Expect: 100-continue`` is
   otherwise answered ``100 Continue`` once the head is accepted.
-* A head over :data:`MAX_HEAD` bytes is 431; a malformed head is 400; both close.
-* A connection with no complete request for ``idle_timeout_s`` is closed (one sweep
-  every few seconds checks every connection; there is no timer per request). A
-  request in progress (a long ``/wait``) is never timed out here.
+* A head over :data:`MAX_HEAD` bytes is 431; a malformed head is 400 (including a
+  bare CR or LF, a NUL, or a control byte in the target: the forms request
+  smuggling and header injection use); both close. An absolute-form target
+  (``http://host/path``) is served as its path.
+* A connection silent for ``idle_timeout_s`` between requests is closed; a request
+  head still incomplete ``idle_timeout_s`` after its first byte is answered 408 (a
+  client trickling a head byte by byte cannot hold a connection). One sweep every few
+  seconds checks every connection; there is no timer per request. A request in
+  progress (a long ``/wait``) is never timed out here.
 * A client that goes away while its request is forwarded cancels ``dispatch``'s
   Deferred, which cancels the upstream request.
 * Beyond ``max_connections`` open connections a new one is closed at once.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol as TypingProtocol
@@ -70,6 +76,8 @@ _TOKEN_CHARS = frozenset(
     b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
 _SERVER = b"mortred-gateway"
+#: Bytes never allowed in a request target (controls, space, DEL).
+_BAD_TARGET = re.compile(rb"[\x00-\x20\x7f]")
 _JSON = b"application/json; charset=utf-8"
 
 
@@ -204,18 +212,36 @@ def error_response(status: int, message: str) -> bytes:
     )  # fmt: skip
 
 
+def origin_form(target: bytes) -> bytes:
+    """The path (and query) of an absolute-form request target (``http://h:p/x?q``);
+    raises :class:`BadRequest` for anything else that is not origin-form."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        raise BadRequest(400, "malformed request target")
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=-1)
+    if cut < 0:
+        return b"/"
+    return rest[cut:] if rest[cut : cut + 1] == b"/" else b"/" + rest[cut:]
+
+
 def parse_head(head: bytes) -> tuple[ProxyRequest, int, bool, bool]:
     """(request, body length, chunked, expects 100-continue) of a request head
     (without its final blank line); raises :class:`BadRequest`."""
     lines = head.split(b"\r\n")
+    breaks = len(lines) - 1
+    if head.count(b"\n") != breaks or head.count(b"\r") != breaks or b"\0" in head:
+        # A bare CR or LF is where request smuggling and header injection start.
+        raise BadRequest(400, "bare CR, LF or NUL in the request head")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[0] or not parts[1]:
         raise BadRequest(400, "malformed request line")
     method, uri, proto = parts
     if proto != b"HTTP/1.1" and proto != b"HTTP/1.0":
         raise BadRequest(400, "unsupported HTTP version")
-    if not set(method) <= _TOKEN_CHARS or (not uri.startswith(b"/") and uri != b"*"):
+    if not set(method) <= _TOKEN_CHARS or _BAD_TARGET.search(uri) is not None:
         raise BadRequest(400, "malformed request line")
+    if uri[:1] != b"/" and uri != b"*":
+        uri = origin_form(uri)
     if len(lines) > MAX_HEADERS + 1:
         raise BadRequest(431, "too many header lines")
     headers = HeaderMap()
@@ -347,6 +373,8 @@ class GatewayConnection(Protocol):
         self._advancing = False
         self._paused = False
         self.last_active = 0.0
+        #: when the first bytes of a still incomplete head arrived (None: no such head)
+        self.head_since: float | None = None
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
@@ -395,7 +423,10 @@ class GatewayConnection(Protocol):
             if end < 0:
                 if len(buf) > MAX_HEAD:
                     self._refuse(431, "request head too large")
+                elif self.head_since is None:
+                    self.head_since = self.factory.clock.seconds()
                 return False
+            self.head_since = None
             if end > MAX_HEAD:
                 self._refuse(431, "request head too large")
                 return False
@@ -531,9 +562,16 @@ class GatewayConnection(Protocol):
         self._chunked = None
         self.transport.loseConnection()
 
-    def timeout(self) -> None:
-        """Close an idle connection (the factory's sweep decides when)."""
-        if self._state != _BUSY and self._state != _CLOSED:
+    def expire(self, before: float) -> None:
+        """The factory's sweep: a head begun before ``before`` and still incomplete is
+        answered 408; a connection silent since before ``before`` between requests is
+        closed. A request in progress is left alone."""
+        state = self._state
+        if state in (_BUSY, _CLOSED):
+            return
+        if state == _HEAD and self.head_since is not None and self.head_since < before:
+            self._refuse(408, "request head not received in time")
+        elif self.last_active < before:
             self._close()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
@@ -542,10 +580,6 @@ class GatewayConnection(Protocol):
         pending, self._pending = self._pending, None
         if pending is not None and not pending.called:
             pending.cancel()
-
-    @property
-    def busy(self) -> bool:
-        return self._state == _BUSY
 
 
 class GatewayServerFactory(Factory):
@@ -607,10 +641,10 @@ class GatewayServerFactory(Factory):
         )
 
     def sweep(self) -> None:
-        """Close connections idle for longer than ``idle_timeout_s``."""
-        limit = self.clock.seconds() - self.idle_timeout_s
-        for conn in [c for c in self.connections if not c.busy and c.last_active < limit]:
-            conn.timeout()
+        """Expire connections idle, or slow to send a head, for ``idle_timeout_s``."""
+        before = self.clock.seconds() - self.idle_timeout_s
+        for conn in list(self.connections):
+            conn.expire(before)
 
     def startFactory(self) -> None:
         if self.idle_timeout_s > 0 and self._sweeper is None:

@@ -213,6 +213,14 @@ def test_expect_continue_within_limit() -> None:
         (b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
         (b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
         (b"GET /a HTTP/1.1\r\nX: " + b"a" * (MAX_HEAD + 1), 431),
+        # Smuggling and injection shapes: bare LF/CR, NUL, controls in the target.
+        (b"GET /a HTTP/1.1\r\nX: a\nContent-Length: 5\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\nHost: h\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nX: a\rb\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nX: a\x00b\r\n\r\n", 400),
+        (b"GET /a?x=1\x7f HTTP/1.1\r\n\r\n", 400),
+        (b"GET /a?x=\t1 HTTP/1.1\r\n\r\n", 400),
+        (b"GET ftp://h/a HTTP/1.1\r\n\r\n", 400),
     ],
 )
 def test_bad_requests_are_refused_and_closed(raw: bytes, status: int) -> None:
@@ -222,6 +230,22 @@ def test_bad_requests_are_refused_and_closed(raw: bytes, status: int) -> None:
     assert got == status and body.startswith(b'{"error": ')
     assert headers[b"connection"] == b"close" and c.transport.disconnecting
     assert c.app.requests == [] and c.refused == [status]
+
+
+@pytest.mark.parametrize(
+    ("target", "uri"),
+    [
+        (b"http://gw:8080/v1/x?q=1", b"/v1/x?q=1"),
+        (b"HTTPS://gw/v1/x", b"/v1/x"),
+        (b"http://gw", b"/"),
+        (b"http://gw?q=1", b"/?q=1"),
+    ],
+)
+def test_absolute_form_targets_are_served_as_their_path(target: bytes, uri: bytes) -> None:
+    c = Conn()
+    c.send(b"GET " + target + b" HTTP/1.1\r\nHost: gw\r\n\r\n")
+    assert c.app.requests[0][1] == uri
+    assert responses(c.out())[0][2] == b"ok " + uri
 
 
 def test_repeated_equal_content_length_is_accepted() -> None:
@@ -274,11 +298,23 @@ def test_idle_connections_are_swept_but_not_busy_ones() -> None:
     busy = Conn(idle_timeout_s=10)
     busy.app.defer_next = True
     busy.send(GET)
-    half = Conn(idle_timeout_s=10)
-    half.send(b"GET /slow HTTP/1.1\r\n")  # a head that never completes
-    for conn in (c, busy, half):
+    for conn in (c, busy):
         conn.clock.advance(16)
-    assert c.transport.disconnecting and half.transport.disconnecting
+    assert c.transport.disconnecting and c.out() == b""  # idle: closed without a word
     assert not busy.transport.disconnecting
     c.factory.doStop()
     assert not c.clock.getDelayedCalls()
+
+
+def test_a_trickled_head_gets_408() -> None:
+    """A client sending a head byte by byte (each byte resetting the idle clock) is
+    answered 408 once the head has taken longer than the timeout."""
+    c = Conn(idle_timeout_s=10)
+    for byte in b"GET /slow HTTP/1.1\r\nX-Slow: 1234567890":
+        c.send(bytes([byte]))
+        c.clock.advance(0.5)
+        if c.transport.disconnecting:
+            break
+    ((status, headers, _),) = responses(c.out())
+    assert status == 408 and headers[b"connection"] == b"close"
+    assert c.app.requests == [] and c.refused == [408]
