@@ -139,6 +139,25 @@ def test_pipelined_and_chunked_requests_on_one_connection(plane: ControlPlane) -
     assert status == 200 and json.loads(view)["state"] == "done"
 
 
+def test_413_reaches_a_client_that_keeps_uploading(plane: ControlPlane) -> None:
+    """A client that sends its whole over-limit body without waiting (no Expect) still
+    reads the 413: the gateway stops reading but drains before closing, instead of
+    resetting the connection under the client's upload."""
+    head = (
+        f"POST {JOBS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer e2e-gateway-token\r\n"
+        "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
+        s.sendall(head)
+        try:
+            for _ in range(64):  # 4 MiB more, sent while the 413 is already on its way
+                s.sendall(b"x" * 65536)
+        except OSError:
+            pass  # the gateway may stop taking bytes: the answer must still be readable
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 413"), reply
+
+
 def test_large_body_is_forwarded_whole(plane: ControlPlane) -> None:
     """A body over the in-memory threshold (64 KiB; streamed upstream) reaches the
     model intact: an invalid base64 image at its very end is the model's 422."""
