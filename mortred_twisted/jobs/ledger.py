@@ -24,9 +24,11 @@ Concurrency contract (the five invariants; any change must preserve all five):
 5. **Fixed lock order.** There is one lock; retention (``_evict_locked``) runs with
    it held and takes no other lock, so no deadlock is possible.
 
-Retention runs on :meth:`submit`: first TTL (``job_ttl_ms`` after ``completed_at``),
-then LRU beyond ``max_completed`` terminal jobs (least recently *used*: a poll or a
-result fetch refreshes a job). Non-terminal jobs are never evicted: they are not in
+Retention runs on :meth:`submit` (as the C++ ledger did) and on
+:meth:`evict_expired`, which the server calls periodically so an idle server frees
+expired jobs too: first TTL (``job_ttl_ms`` after ``completed_at``), then LRU beyond
+``max_completed`` terminal jobs (least recently *used*: a poll or a result fetch
+refreshes a job). Non-terminal jobs are never evicted: they are not in
 either retention structure until they terminate.
 """
 
@@ -164,6 +166,13 @@ class AsyncJobTable(Generic[RequestT]):
     def queue_depth(self) -> int:
         """Admitted jobs not yet terminal (pending + running)."""
         return self._depth
+
+    def evict_expired(self) -> int:
+        """Run retention now (TTL, then LRU); returns how many jobs it removed."""
+        with self._lock:
+            before = len(self._jobs)
+            self._evict_locked()
+            return before - len(self._jobs)
 
     def submit(self, request: RequestT, task_id: str = "") -> str | None:
         """Admit ``request`` as a new pending job and return its id, or None when full.

@@ -19,6 +19,7 @@ import gc
 import sys
 from typing import Any
 
+from twisted.application.internet import TimerService
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
@@ -204,7 +205,24 @@ def build_service(
     )
     server.setName("model-server")
     server.setServiceParent(top)
+    interval = retention_sweep_interval_s(config)
+    if interval is not None:
+        # Retention also runs on every submit; this frees expired jobs on an idle
+        # server. Last child: stopped first.
+        sweep = TimerService(interval, runtime.ledger.evict_expired)
+        sweep.clock = reactor
+        sweep.setName("retention-sweep")
+        sweep.setServiceParent(top)
     return top
+
+
+def retention_sweep_interval_s(config: ServerConfig) -> float | None:
+    """How often to run the ledger's retention between submits: a tenth of the job
+    TTL, between 0.1 s and 10 s; None when nothing can expire by time (async off, or
+    ``async_job_ttl = 0``: LRU only, which only grows on submit)."""
+    if not config.async_enabled or config.async_job_ttl <= 0:
+        return None
+    return min(10.0, max(0.1, config.async_job_ttl / 1000.0 / 10))
 
 
 def makeService(options: Options) -> IService:

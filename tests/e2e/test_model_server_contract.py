@@ -460,3 +460,17 @@ def test_connections_beyond_max_connections_are_closed_at_once() -> None:
                 return False  # the server has not seen a close yet: still full
 
         wait_until(served, 10, "a free connection slot after closing one")
+
+
+def test_expired_jobs_leave_an_idle_server() -> None:
+    """With a short async_job_ttl a finished job is repeatable until the TTL, then
+    404, with no further submit to trigger retention (the periodic sweep)."""
+    with model_server(ASYNC_CONF, env={"MORTRED_ASYNC_JOB_TTL": "400"}) as srv:
+        job = submit(srv, 0)
+        assert wait(srv, job)["state"] == "done"
+        assert srv.request("GET", f"/jobs/{job}/result")[0] == 200
+        wait_until(
+            lambda: srv.request("GET", f"/jobs/{job}")[0] == 404,
+            10,
+            "the expired job to be evicted without a submit",
+        )

@@ -277,3 +277,18 @@ def test_progress_recorded_only_while_running() -> None:
     assert table.snapshot(job).progress == (3, 10)
     table.finish(job, 1)
     assert not table.set_progress(job, 4, 10)
+
+
+def test_evict_expired_frees_jobs_without_a_submit() -> None:
+    """The periodic sweep applies the same TTL as submit, and only to terminal jobs."""
+    clock = FakeClock()
+    table = make_table(clock=clock, job_ttl_ms=1000, max_completed=100)
+    done = table.submit("done")
+    assert table.transition_running(done) and table.finish(done, 1)
+    running = table.submit("running")
+    table.transition_running(running)
+    clock.advance(0.9)
+    assert table.evict_expired() == 0 and table.snapshot(done) is not None
+    clock.advance(0.2)
+    assert table.evict_expired() == 1
+    assert table.snapshot(done) is None and table.snapshot(running) is not None
