@@ -318,3 +318,21 @@ def test_a_trickled_head_gets_408() -> None:
     ((status, headers, _),) = responses(c.out())
     assert status == 408 and headers[b"connection"] == b"close"
     assert c.app.requests == [] and c.refused == [408]
+
+
+def test_access_log_is_opt_in() -> None:
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        Conn().send(GET)
+        assert not any("/a?q=1" in formatEvent(e) for e in events)
+        c = Conn(access_log=True)
+        c.transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.7", 4242))
+        c.proto.makeConnection(c.transport)
+        c.send(GET)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    lines = [formatEvent(e) for e in events if "/a?q=1" in formatEvent(e)]
+    assert lines == ['10.0.0.7 "GET /a?q=1 HTTP/1.1" 200 9']
