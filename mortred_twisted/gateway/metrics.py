@@ -124,6 +124,10 @@ class GatewayMetrics:
             registry=r,
         )
         self.api_keys = Gauge("mortred_gateway_api_keys", "Loaded API keys", registry=r)
+        #: Read at scrape time; the server binds it (``set_function``) to its count.
+        self.open_connections = Gauge(
+            "mortred_gateway_open_connections", "Open client connections", registry=r
+        )
         self.key_reloads = Counter(
             "mortred_gateway_key_reloads", "API key reloads", ["result"], registry=r
         )

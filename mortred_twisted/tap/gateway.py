@@ -170,6 +170,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         access_log=bool(options["access-log"]),
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
     )
+    metrics.open_connections.set_function(lambda: server.open_connections)
     svc = GatewayService(app, keys_path, reactor)
     internet.TCPServer(gw.port, server, interface=gw.host, backlog=1024).setServiceParent(svc)
     log.info(

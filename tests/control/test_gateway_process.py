@@ -208,3 +208,72 @@ def test_logs_follow_and_files(plane: ControlPlane) -> None:
     page: dict[str, Any] = json.loads(body)
     assert code == 200 and any("[supervisor] started pid" in x for x in page["lines"])
     assert (plane.log_dir / f"{MODEL}.log").stat().st_size > 0
+
+
+def test_concurrent_clients_leave_nothing_behind(plane: ControlPlane) -> None:
+    """32 keep-alive clients at once, mixing polls, 404s, pipelined pairs, submits and
+    hang-ups in the middle of a long-poll: every request that was not abandoned is
+    answered in order, and afterwards the gateway has no request in flight and no
+    client connection open but the metrics scrape's own."""
+    code, _, body, _ = plane.gw("POST", JOBS, body={"images": ["aGk="], "params": {"delay_ms": 0}})
+    assert code == 202, body
+    done = json.loads(body)["job_id"]
+    assert plane.gw("GET", f"{JOBS}/{done}/wait?timeout=10000")[0] == 200
+    code, _, body, _ = plane.gw(
+        "POST", JOBS, body={"images": ["aGk="], "params": {"delay_ms": 4000}}
+    )
+    assert code == 202, body
+    slow = json.loads(body)["job_id"]  # still running while clients hang up on its wait
+    auth = "Authorization: Bearer e2e-gateway-token\r\nHost: x\r\n"
+    poll = f"GET {JOBS}/{done} HTTP/1.1\r\n{auth}\r\n".encode()
+    missing = f"GET {JOBS}/job_missing HTTP/1.1\r\n{auth}\r\n".encode()
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    small = json.dumps({"images": ["aGk="], "params": {"delay_ms": 0}}).encode()
+    submit = (
+        f"POST {JOBS} HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(small)}\r\n\r\n"
+    ).encode() + small
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=30) as s:
+                for r in range(24):
+                    kind = (i + r) % 4
+                    if kind == 0:
+                        s.sendall(poll)
+                        assert [c for c, _ in read_answers(s, 1)] == [200]
+                    elif kind == 1:
+                        s.sendall(missing)
+                        assert [c for c, _ in read_answers(s, 1)] == [404]
+                    elif kind == 2:
+                        s.sendall(poll + health + missing)  # pipelined
+                        assert [c for c, _ in read_answers(s, 3)] == [200, 200, 404]
+                    elif r % 8 == 3:
+                        s.sendall(submit)
+                        assert read_answers(s, 1)[0][0] in (202, 429)  # 429: queue full
+                    else:
+                        s.sendall(poll)
+                        assert read_answers(s, 1)[0][0] == 200
+                if i % 4 == 0:  # hang up while a long-poll is being forwarded
+                    s.sendall(
+                        f"GET {JOBS}/{slow}/wait?timeout=60000 HTTP/1.1\r\n{auth}\r\n".encode()
+                    )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert not any(t.is_alive() for t in threads)
+
+    def settled() -> bool:
+        return (
+            metric(plane, "mortred_gateway_inflight_requests") == 0
+            and metric(plane, "mortred_gateway_open_connections") == 1
+        )
+
+    wait_until(settled, 15, "no request in flight and no connection left open")
