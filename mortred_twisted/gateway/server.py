@@ -36,6 +36,8 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
 * A client that goes away while its request is forwarded cancels ``dispatch``'s
   Deferred, which cancels the upstream request.
 * Beyond ``max_connections`` open connections a new one is closed at once.
+* :meth:`GatewayServerFactory.drain` (SIGTERM) lets requests in progress finish:
+  idle connections close at once, busy ones after their answer.
 * ``dispatch`` returns the body bytes, or a Deferred firing with them; an unexpected
   exception or failure is logged and answered 500 with an empty body.
 """
@@ -375,6 +377,7 @@ class GatewayConnection(Protocol):
         self.last_active = 0.0
         #: when the first bytes of a still incomplete head arrived (None: no such head)
         self.head_since: float | None = None
+        self._draining = False
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
@@ -520,7 +523,7 @@ class GatewayConnection(Protocol):
         self._pending = None
         if self._state == _CLOSED:
             return
-        close = not request.keep_alive
+        close = not request.keep_alive or self._draining
         eager_write(self.transport, encode_response(request, body, close))
         if self.factory.access_log:
             self.factory.log_access(self._peer(), request, len(body))
@@ -561,6 +564,17 @@ class GatewayConnection(Protocol):
         self._parts = []
         self._chunked = None
         self.transport.loseConnection()
+
+    def drain(self) -> None:
+        """Stop keeping this connection alive (shutdown): closed now when it waits
+        for a request, else after the answer to the request in progress or being
+        read (with ``Connection: close``)."""
+        if self._state == _CLOSED:
+            return
+        if self._state == _HEAD and not self._buf:
+            self._close()
+            return
+        self._draining = True
 
     def expire(self, before: float) -> None:
         """The factory's sweep: a head begun before ``before`` and still incomplete is
@@ -609,12 +623,16 @@ class GatewayServerFactory(Factory):
         self._on_refused = on_refused
         self.connections: set[GatewayConnection] = set()
         self._sweeper: LoopingCall | None = None
+        self.draining = False
+        self._empty_waiters: list[defer.Deferred[None]] = []
 
     @property
     def open_connections(self) -> int:
         return len(self.connections)
 
     def buildProtocol(self, addr: Any) -> GatewayConnection | None:
+        if self.draining:
+            return None
         if self.max_connections and len(self.connections) >= self.max_connections:
             return None
         conn = GatewayConnection(self)
@@ -623,6 +641,24 @@ class GatewayServerFactory(Factory):
 
     def forget(self, conn: GatewayConnection) -> None:
         self.connections.discard(conn)
+        if not self.connections and self._empty_waiters:
+            waiters, self._empty_waiters = self._empty_waiters, []
+            for d in waiters:
+                if not d.called:  # a waiter may have given up (timeout, cancel)
+                    d.callback(None)
+
+    def drain(self) -> defer.Deferred[None]:
+        """Graceful shutdown, after the port stopped listening: refuse new
+        connections, close idle ones now and the others after their current answer.
+        Fires once every connection is gone (the caller bounds the wait)."""
+        self.draining = True
+        for conn in list(self.connections):
+            conn.drain()
+        if not self.connections:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._empty_waiters.append(d)
+        return d
 
     def refused(self, status: int) -> None:
         if self._on_refused is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.application import internet, service
+from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -49,10 +50,17 @@ class Options(usage.Options):
         ["host", None, None, "Listen host (overrides [gateway] host)."],
         ["port", "p", None, "Listen port (overrides [gateway] port; 0 = any free)."],
         ["api-keys", None, None, "API key file (overrides [gateway] api_keys)."],
+        ["grace", None, "5", "Seconds requests in progress may take to finish on SIGTERM."],
     ]
     optFlags = [["access-log", None, "Log every request (costs throughput)."]]
 
     def postOptions(self) -> None:
+        try:
+            self["grace"] = float(self["grace"])
+        except ValueError:
+            raise usage.UsageError("--grace must be a number of seconds") from None
+        if self["grace"] < 0:
+            raise usage.UsageError("--grace must be >= 0")
         if self["port"] is not None:
             try:
                 self["port"] = int(self["port"])
@@ -75,13 +83,24 @@ def load_config(options: Options) -> ControlConfig:
 
 
 class GatewayService(service.MultiService):
-    """The listening port plus SIGHUP reload and pool shutdown."""
+    """The listening port plus SIGHUP reload, and a graceful stop: stop listening,
+    let requests in progress finish for up to ``grace_s`` (:meth:`GatewayServerFactory.
+    drain`), then close the upstream pool."""
 
-    def __init__(self, app: GatewayApp, keys_path: Path, reactor: Any) -> None:
+    def __init__(
+        self,
+        app: GatewayApp,
+        keys_path: Path,
+        reactor: Any,
+        server: GatewayServerFactory | None = None,
+        grace_s: float = 5.0,
+    ) -> None:
         super().__init__()
         self.app = app
         self.keys_path = keys_path
         self.reactor = reactor
+        self.server = server
+        self.grace_s = grace_s
         self._previous_hup: Any = None
 
     def reload_keys(self) -> bool:
@@ -110,9 +129,21 @@ class GatewayService(service.MultiService):
     def stopService(self) -> Any:
         if self._previous_hup is not None:
             signal.signal(signal.SIGHUP, self._previous_hup)
-        d = super().stopService()
+        d = super().stopService()  # the port stops listening
+        d.addBoth(lambda _: self._drain())
         d.addBoth(lambda _: self.app.upstream.close())
         return d
+
+    def _drain(self) -> Any:
+        if self.server is None:
+            return None
+        drained = self.server.drain()
+        left = len(self.server.connections)
+        if left:
+            log.info("draining {n} connection(s), up to {s} s", n=left, s=self.grace_s)
+        drained.addTimeout(self.grace_s, self.reactor)
+        drained.addErrback(lambda f: f.trap(defer.TimeoutError, defer.CancelledError))
+        return drained
 
 
 def build_service(options: Options, reactor: Any, env: dict[str, str]) -> GatewayService:
@@ -171,7 +202,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
     )
     metrics.open_connections.set_function(lambda: server.open_connections)
-    svc = GatewayService(app, keys_path, reactor)
+    svc = GatewayService(app, keys_path, reactor, server=server, grace_s=options["grace"])
     internet.TCPServer(gw.port, server, interface=gw.host, backlog=1024).setServiceParent(svc)
     log.info(
         "gateway on http://{host}:{port} for {n} model(s): {ids}",

@@ -277,3 +277,32 @@ def test_concurrent_clients_leave_nothing_behind(plane: ControlPlane) -> None:
         )
 
     wait_until(settled, 15, "no request in flight and no connection left open")
+
+
+def test_gateway_restart_lets_a_long_poll_finish(plane: ControlPlane) -> None:
+    """A supervisor restart of the gateway (SIGTERM) while a long-poll is being
+    forwarded: the gateway stops listening, lets the wait finish with its 200, then
+    exits and comes back."""
+    code, _, body, _ = plane.gw(
+        "POST", JOBS, body={"images": ["aGk="], "params": {"delay_ms": 800}}
+    )
+    assert code == 202, body
+    job = json.loads(body)["job_id"]
+    answer: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: answer.append(plane.gw("GET", f"{JOBS}/{job}/wait?timeout=1200"))
+    )
+    waiter.start()
+    wait_until(lambda: metric(plane, "mortred_gateway_inflight_requests") >= 1, 10, "the wait")
+    old_pid = plane.status()["gateway"]["pid"]
+    assert plane.api("POST", "/api/v1/servers/gateway/restart")[0] == 202
+    waiter.join(30)
+    ((status, _, body, _),) = answer
+    assert status == 200 and json.loads(body)["state"] == "done", body
+
+    def back() -> bool:
+        gw = plane.status().get("gateway", {})
+        return bool(gw.get("ready")) and gw.get("pid") not in (None, old_pid)
+
+    wait_until(back, 30, "a new gateway process, ready")
+    assert plane.gw("GET", "/healthz", token=None)[0] == 200

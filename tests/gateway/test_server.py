@@ -336,3 +336,32 @@ def test_access_log_is_opt_in() -> None:
         globalLogPublisher.removeObserver(events.append)
     lines = [formatEvent(e) for e in events if "/a?q=1" in formatEvent(e)]
     assert lines == ['10.0.0.7 "GET /a?q=1 HTTP/1.1" 200 9']
+
+
+def test_drain_closes_idle_connections_and_finishes_busy_ones() -> None:
+    """drain(): an idle connection closes at once, a busy one gets its answer (with
+    Connection: close) and then closes, new connections are refused, and the
+    Deferred fires when the last one is gone."""
+    idle, busy = Conn(), Conn()
+    busy.factory = idle.factory  # one factory, two connections
+    busy.proto = idle.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5556))
+    assert busy.proto is not None
+    busy.proto.makeConnection(busy.transport)
+    idle.app.defer_next = True
+    busy.send(GET + GET)  # a request in progress and a pipelined one behind it
+    drained = idle.factory.drain()
+    assert idle.transport.disconnecting and not drained.called
+    idle.proto.connectionLost(None)
+    assert idle.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5557)) is None
+    idle.app.pending[0].callback(b"last")
+    ((status, headers, body),) = responses(busy.out())
+    assert (status, body, headers[b"connection"]) == (200, b"last", b"close")
+    assert busy.transport.disconnecting and len(idle.app.requests) == 1
+    busy.proto.connectionLost(None)
+    assert drained.called
+
+
+def test_drain_with_nothing_open_fires_at_once() -> None:
+    c = Conn()
+    c.proto.connectionLost(None)
+    assert c.factory.drain().called
