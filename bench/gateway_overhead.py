@@ -24,6 +24,8 @@ In one run, for each connection count, alternately direct and through the gatewa
 
 * ``GET /jobs/{id}`` of a done job (the poll path; the issue's target: added p50 ≤ 2 ms
   and gateway throughput ≥ 60 % of direct);
+* ``POST /jobs``: a submit (202) of a zero-delay job (the 202 path, URL rewriting
+  included);
 * ``POST <server_uri>`` sync infer with a zero-delay model.
 
 Prints a Markdown table: added p50/p99 = gateway minus direct; ratio = gateway
@@ -190,7 +192,7 @@ async def python_load(port: int, method: str, path: str, token: str, clients: in
 
     async def step(conn: Connection) -> float:
         latency, resp = await timed(conn, method, path, body, headers=headers)
-        assert resp.status == 200, (resp.status, resp.body[:200])
+        assert resp.status in (200, 202), (resp.status, resp.body[:200])
         return latency
 
     stats = await run_clients("127.0.0.1", port, clients, step, duration_s=duration)
@@ -246,22 +248,52 @@ def row(name: str, clients: int, direct: Cell, via: Cell) -> str:
     )
 
 
+async def queue_depth(port: int) -> float:
+    """The model's ``mortred_async_queue_depth`` (admitted jobs not yet terminal)."""
+    conn = await Connection("127.0.0.1", port).open()
+    try:
+        resp = await conn.request("GET", "/metrics",
+                                  headers={"Authorization": f"Bearer {INTERNAL}"})  # fmt: skip
+    finally:
+        await conn.close()
+    for line in resp.body.decode().splitlines():
+        if line.startswith("mortred_async_queue_depth "):
+            return float(line.split()[1])
+    raise RuntimeError("no mortred_async_queue_depth in the model's metrics")
+
+
+async def settle(model_port: int) -> None:
+    """Wait until every submitted job has finished: a submit cell leaves a backlog
+    that the next cells' sync calls would queue behind (workers are shared)."""
+    for _ in range(1200):  # bounded: 120 s
+        if await queue_depth(model_port) == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the model's job queue did not drain")
+
+
 async def scenario(model_port: int, gw_port: int, pids: tuple[int, int], connections: list[int],
                    duration: float) -> list[str]:  # fmt: skip
-    job = await prepare_job(model_port)
-    direct_job, gw_job = f"/jobs/{job}", f"/v1/models/BENCH/jobs/{job}"
     rows = []
     for clients in connections:
         for name, method, direct_path, gw_path in (
-            ("GET /jobs/{id}", "GET", direct_job, gw_job),
+            ("GET /jobs/{id}", "GET", "/jobs/{job}", "/v1/models/BENCH/jobs/{job}"),
+            ("POST /jobs (submit, 202)", "POST", "/jobs", "/v1/models/BENCH/jobs"),
             ("POST infer (0 ms model)", "POST", "/infer", "/v1/models/BENCH/infer"),
         ):
+            if "{job}" in direct_path:
+                # A fresh done job each time: LRU retention may have dropped the last.
+                job = await prepare_job(model_port)
+                direct_path, gw_path = (p.format(job=job) for p in (direct_path, gw_path))
             await load(model_port, method, direct_path, INTERNAL, clients, 0.5)  # warm-up
             await load(gw_port, method, gw_path, TOKEN, clients, 0.5)
+            await settle(model_port)
             direct = await measured(
                 pids, model_port, method, direct_path, INTERNAL, clients, duration
             )
+            await settle(model_port)
             via = await measured(pids, gw_port, method, gw_path, TOKEN, clients, duration)
+            await settle(model_port)
             rows.append(row(name, clients, direct, via))
             print(rows[-1], flush=True)
     return rows
