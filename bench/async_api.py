@@ -45,7 +45,7 @@ from tests.support.servers import free_port, model_server  # noqa: E402
 IMG = base64.b64encode(b"bench").decode()
 JSON_HEADERS = {"Content-Type": "application/json"}
 
-CONFIG = bench_server_toml()
+CONFIG = bench_server_toml(preload_torch=True)  # the CPU scenarios run torch
 
 
 def job_body(delay_ms: int, mode: str = "sleep", steps: int = 10) -> bytes:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 
-def bench_server_toml(port: int = 18199, fake_steps: int = 10) -> str:
-    """A 2-worker fake-model server with async jobs and queues that never refuse."""
+def bench_server_toml(port: int = 18199, fake_steps: int = 10, preload_torch: bool = False) -> str:
+    """A 2-worker fake-model server with async jobs and queues that never refuse.
+
+    ``preload_torch``: the fake imports torch while loading, as a real torch model
+    does (the CPU-bound scenarios need it; otherwise torch would be imported on the
+    first run, after the server froze its long-lived objects).
+    """
     return f"""[server]
 id = "BENCH"
 category = "bench"
@@ -24,4 +29,5 @@ async_max_completed = 2000
 type = "fake"
 fake_delay_ms = 0
 fake_steps = {fake_steps}
+fake_preload_torch = {"true" if preload_torch else "false"}
 """

@@ -11,6 +11,10 @@ Selected with ``[model] type = "fake"``. Options (model TOML or ``[model]`` keys
 * ``fake_fail_every`` (int, default 0): the Nth, 2Nth, … run of an instance raises.
 * ``fake_steps`` (int, default 10): progress steps reported per run; the
   cancellation flag is checked between steps.
+* ``fake_preload_torch`` (bool, default false; implied by ``fake_mode = "cpu"``):
+  import torch while loading, as a real torch model does, instead of on the first
+  ``cpu``-mode run (then the server's post-load ``gc.freeze()`` covers torch's
+  objects, as it does for a real model).
 * ``fake_exit_on_run`` (bool, default false): the process exits abruptly
   (``os._exit``) when a run starts — a stand-in for a segfault or an OOM kill, for
   testing process-isolated workers. Config only, never a request param.
@@ -146,4 +150,6 @@ def create(options: Mapping[str, Any], root: Path) -> FakeModel:
         problems.append(str(options["fake_load_error"]))
     if problems:
         raise ModelLoadError("fake model: " + "; ".join(problems))
+    if mode == "cpu" or options.get("fake_preload_torch"):
+        import torch  # noqa: F401  (loaded like a real torch model's dependency)
     return FakeModel(delay, mode, fail_every, steps, bool(options.get("fake_exit_on_run")))

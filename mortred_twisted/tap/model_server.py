@@ -135,7 +135,16 @@ class ModelServerService(Service):
             self._reactor.callLater(0, self._reactor.stop)
 
         d.addCallbacks(listening, cannot_listen)
-        self.runtime.load_models()
+        loaded = self.runtime.load_models()
+        loaded.addBoth(self._freeze_loaded)
+
+    @staticmethod
+    def _freeze_loaded(result: Any) -> Any:
+        """The models (and torch) load after the port opened: freeze again once they
+        are in, or every full collection scans torch's and the model's objects for
+        the life of the process (~60k objects, 12-35 ms a collection, measured)."""
+        gc.freeze()
+        return result
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
