@@ -278,30 +278,29 @@ def test_sync_backpressure_is_429_with_retry_after(sync_server) -> None:
     assert results == [200, 200]
 
 
-def test_oversized_body_is_413_before_the_body_is_read(sync_server) -> None:
-    """A Content-Length over request_size_limit gets 413 from the headers alone."""
-    with socket.create_connection(("127.0.0.1", sync_server.port), timeout=10) as sock:
+def send_head_read_all(port: int, extra_headers: str) -> bytes:
+    """Send only the head of a 64 MiB JSON POST; read until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(
             f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
+            f"{extra_headers}Content-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
         )
         response = b""
         while chunk := sock.recv(65536):
             response += chunk
+    return response
+
+
+def test_oversized_body_is_413_before_the_body_is_read(sync_server) -> None:
+    """A Content-Length over request_size_limit gets 413 from the headers alone."""
+    response = send_head_read_all(sync_server.port, "")
     assert response.startswith(b"HTTP/1.1 413")
     assert b'"code":61' in response
 
 
 def test_expect_continue_with_an_oversized_body_gets_413_and_no_100(sync_server) -> None:
     """A client asking '100-continue' for a too-large upload gets the 413, never a 100."""
-    with socket.create_connection(("127.0.0.1", sync_server.port), timeout=10) as sock:
-        sock.sendall(
-            f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Expect: 100-continue\r\nContent-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
-        )
-        response = b""
-        while chunk := sock.recv(65536):
-            response += chunk
+    response = send_head_read_all(sync_server.port, "Expect: 100-continue\r\n")
     assert response.startswith(b"HTTP/1.1 413")
     assert b"100 Continue" not in response
 

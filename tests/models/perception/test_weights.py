@@ -17,17 +17,9 @@ from mortred_twisted.models.classification.weights import (
     load_verified_checkpoint,
     write_manifest_entry,
 )
+from tests.models.perception.conftest import ROOT, TINY_ARCHS
 
-ROOT = Path(__file__).resolve().parents[3]
-TINY_ARCH = {
-    "num_classes": 10,
-    "in_channels": 1,
-    "width_mult": 0.25,
-    "input_size": 16,
-    "stem_stride": 2,
-    "repeats_scale": 0.3,
-    "last_channel": 32,
-}
+TINY_ARCH = TINY_ARCHS["MOBILENETV2"]
 SERVER_CONFIGS = {
     "conf/server/classification/mobilenetv2.toml": ("MOBILENETV2", 18121, False),
     "conf/server/object_detection/yolov8.toml": ("YOLOV8", 18122, False),
