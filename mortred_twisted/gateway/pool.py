@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from twisted.internet import defer, error, tcp
+from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
 
+from mortred_twisted.gateway.transport import eager_write
 from mortred_twisted.gateway.upstream import (
     STREAM_THRESHOLD,
     UpstreamClient,
@@ -51,34 +52,6 @@ _UNAVAILABLE = (
 
 #: Largest response head accepted (status line + headers).
 MAX_HEAD = 64 * 1024
-
-
-#: Transports whose socket :func:`eager_write` may use directly (not TLS, not tests').
-_PLAIN_TCP = (tcp.Client, tcp.Server)
-
-
-def eager_write(transport: Any, data: bytes) -> None:
-    """``transport.write(data)``, but sent on the socket now when the transport is a
-    plain idle TCP connection: saves the writer registration (two ``epoll_ctl``) and a
-    reactor round before the bytes leave. Whatever the socket does not take at once,
-    and any error, goes through ``transport.write`` (Twisted then reports the error as
-    a lost connection)."""
-    if (
-        type(transport) in _PLAIN_TCP
-        and transport.connected
-        and not transport.disconnecting
-        and not transport.dataBuffer
-        and not transport._tempDataBuffer
-        and transport.producer is None
-    ):
-        try:
-            sent = transport.socket.send(data)
-        except OSError:
-            sent = 0
-        if sent == len(data):
-            return
-        data = data[sent:]
-    transport.write(data)
 
 
 class UpstreamProtocolError(Exception):

@@ -59,7 +59,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
-from mortred_twisted.gateway.pool import eager_write
+from mortred_twisted.gateway.transport import eager_write
 from mortred_twisted.http.limits import http_date
 
 log = Logger()
@@ -111,15 +111,6 @@ class HeaderMap:
             self._items[name.lower()] = (name, [value])
         else:
             item[1].append(value)
-
-    def hasHeader(self, name: bytes) -> bool:
-        return name.lower() in self._items
-
-    def removeHeader(self, name: bytes) -> None:
-        self._items.pop(name.lower(), None)
-
-    def getAllRawHeaders(self) -> list[tuple[bytes, list[bytes]]]:
-        return list(self._items.values())
 
 
 class ProxyRequest:
