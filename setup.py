@@ -29,6 +29,15 @@ setup(
         "numpy>=1.26",
         "pillow>=10",
         "prometheus-client>=0.20",
+        # HTTP/1.1 framing (llhttp, the parser of Node.js and uvicorn): the gateway
+        # decides no chunk size, Content-Length or Transfer-Encoding itself.
+        "httptools==0.9.0",
+        # Twisted-native Redis client (Deferreds; never blocks the reactor) for
+        # job_store = "redis".
+        "txredisapi==1.6.0",
+        # The field's diffusion library: denoisers, schedulers, autoencoders.
+        "diffusers==0.42.1",
+        "safetensors>=0.4",
     ],
     extras_require={
         "test": [
