@@ -1,0 +1,216 @@
+"""WebhookSender against a real HTTP receiver on 127.0.0.1 (and on a Clock for timing)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+import pytest_twisted
+from prometheus_client import CollectorRegistry, Counter
+from treq.client import HTTPClient
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from mortred_twisted.jobs.webhooks import verify
+from mortred_twisted.runtime.webhooks import WebhookSender
+
+KEY = b"receiver-shared-secret"
+
+
+class Receiver(Resource):
+    """Answers ``fail_first`` POSTs with ``fail_code``, then 200; records every attempt."""
+
+    isLeaf = True
+
+    def __init__(self, fail_first: int = 0, fail_code: int = 503) -> None:
+        super().__init__()
+        self.fail_first = fail_first
+        self.fail_code = fail_code
+        self.attempts: list[dict[str, Any]] = []
+        self.delivered: list[dict[str, Any]] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        body = request.content.read()
+        names = ("webhook-id", "webhook-timestamp", "webhook-signature", "content-type")
+        headers = {k: request.getHeader(k) for k in names}
+        signed = verify(
+            KEY, headers["webhook-id"], int(headers["webhook-timestamp"]), body,
+            headers["webhook-signature"],
+        )  # fmt: skip
+        record = {"headers": headers, "body": json.loads(body), "signed": signed}
+        self.attempts.append(record)
+        if len(self.attempts) <= self.fail_first:
+            request.setResponseCode(self.fail_code)
+            return b"not now"
+        self.delivered.append(record)
+        return b"ok"
+
+
+@pytest.fixture
+def receiver_site():
+    started: list[Any] = []
+
+    def start(resource: Resource) -> str:
+        port = reactor.listenTCP(0, Site(resource), interface="127.0.0.1")
+        started.append(port)
+        return f"http://127.0.0.1:{port.getHost().port}/hook"
+
+    yield start
+    for port in started:
+        pytest_twisted.blockon(port.stopListening())
+
+
+def make_sender(pool: HTTPConnectionPool, registry: CollectorRegistry, **kw: Any) -> WebhookSender:
+    deliveries = Counter("mortred_webhook_deliveries", "d", ["event", "outcome"], registry=registry)
+    client = HTTPClient(Agent(reactor, pool=pool))
+    return WebhookSender(clock=reactor, client=client, key=KEY, deliveries=deliveries, **kw)
+
+
+def outcome_count(registry: CollectorRegistry, event: str, outcome: str) -> float:
+    value = registry.get_sample_value(
+        "mortred_webhook_deliveries_total", {"event": event, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_terminal_event_is_retried_until_delivered_once(receiver_site) -> None:
+    """A receiver failing the first three attempts gets the completed event exactly once,
+    every attempt signed, one webhook-id across the retries."""
+    receiver = Receiver(fail_first=3)
+    url = receiver_site(receiver)
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    registry = CollectorRegistry()
+    sender = make_sender(pool, registry, delays=[0.01] * 11)
+    status = {"job_id": "job_a", "state": "done", "result": {"code": 0}}
+    outcome = await sender.send("job_a", url, "completed", status, terminal=True)
+    assert outcome == "delivered"
+    assert len(receiver.attempts) == 4 and len(receiver.delivered) == 1
+    assert all(a["signed"] for a in receiver.attempts)
+    assert {a["headers"]["webhook-id"] for a in receiver.attempts} == {"job_a.1"}
+    assert receiver.delivered[0]["body"] == status
+    assert receiver.delivered[0]["headers"]["content-type"] == "application/json"
+    assert outcome_count(registry, "completed", "delivered") == 1
+    assert sender.inflight == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_4xx_answer_is_final_and_counted_failed(receiver_site) -> None:
+    """A 400 from the receiver is not retried: one attempt, outcome failed."""
+    receiver = Receiver(fail_first=100, fail_code=400)
+    url = receiver_site(receiver)
+    registry = CollectorRegistry()
+    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), registry,
+                         delays=[0.01] * 11)  # fmt: skip
+    assert (
+        await sender.send("job_b", url, "completed", {"state": "done"}, terminal=True) == "failed"
+    )
+    assert len(receiver.attempts) == 1
+    assert outcome_count(registry, "completed", "failed") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redirect_is_not_followed(receiver_site) -> None:
+    """A 3xx (which could lead past the allowlist) ends the delivery; the target is not called."""
+    target = Receiver()
+    target_url = receiver_site(target)
+
+    class Redirect(Resource):
+        isLeaf = True
+
+        def render_POST(self, request: Any) -> bytes:
+            request.setResponseCode(307)
+            request.setHeader(b"location", target_url.encode())
+            return b""
+
+    url = receiver_site(Redirect())
+    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), CollectorRegistry())
+    assert (
+        await sender.send("job_c", url, "completed", {"state": "done"}, terminal=True) == "failed"
+    )
+    assert target.attempts == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_connection_refused_gives_up_after_every_attempt() -> None:
+    """A dead receiver is tried once per policy attempt, then the outcome is failed."""
+    port = reactor.listenTCP(0, Site(Resource()), interface="127.0.0.1")
+    dead = f"http://127.0.0.1:{port.getHost().port}/hook"
+    await port.stopListening()
+    registry = CollectorRegistry()
+    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), registry,
+                         delays=[0.001] * 3)  # fmt: skip
+    assert await sender.send("job_d", dead, "completed", {"state": "failed"}, terminal=True) == (
+        "failed"
+    )
+    assert outcome_count(registry, "completed", "failed") == 1
+
+
+class CountingClient:
+    """A scripted client: answers each attempt with the next status, records when."""
+
+    def __init__(self, clock: Clock, statuses: list[int]) -> None:
+        self.clock = clock
+        self.statuses = statuses
+        self.calls: list[tuple[float, dict[bytes, list[bytes]]]] = []
+
+    def post(self, url: str, **kwargs: Any) -> Deferred[Any]:
+        self.calls.append((self.clock.seconds(), kwargs["headers"]))
+        code = self.statuses.pop(0)
+
+        class Answer:
+            def __init__(self) -> None:
+                self.code = code
+
+            def deliverBody(self, protocol: Any) -> None:
+                protocol.connectionLost(None)
+
+        return succeed(Answer())
+
+
+def test_default_policy_doubles_from_100_ms_and_stops_at_twelve() -> None:
+    """On a Clock: attempts at 0, 0.1, 0.3, 0.7 … s; twelve in all, then failed."""
+    clock = Clock()
+    client = CountingClient(clock, [503] * 12)
+    sender = WebhookSender(clock=clock, client=client, key=KEY)
+    outcome: list[str] = []
+    sender.send("job_e", "http://h/x", "completed", {}, terminal=True).addCallback(outcome.append)
+    for _ in range(400):
+        clock.advance(1.0 if clock.seconds() > 1 else 0.05)
+    assert outcome == ["failed"]
+    times = [t for t, _ in client.calls]
+    assert len(times) == 12
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps[0] == pytest.approx(0.1, abs=0.06) and gaps[-1] >= 100
+
+
+def test_progress_events_are_throttled_and_never_retried() -> None:
+    """Two progress events 100 ms apart: the second is dropped; a 503 is not retried."""
+    clock = Clock()
+    client = CountingClient(clock, [503, 200])
+    sender = WebhookSender(clock=clock, client=client, key=KEY)
+    first: list[str] = []
+    sender.send("job_f", "http://h/x", "progress", {}, terminal=False).addCallback(first.append)
+    clock.advance(0.1)
+    second: list[str] = []
+    sender.send("job_f", "http://h/x", "progress", {}, terminal=False).addCallback(second.append)
+    assert first == ["failed"] and second == ["dropped"]
+    assert len(client.calls) == 1
+
+
+def test_message_ids_count_per_job_and_unsigned_without_a_secret() -> None:
+    """Each message of a job gets the next id; with no secret there is no signature header."""
+    clock = Clock()
+    client = CountingClient(clock, [200, 200])
+    sender = WebhookSender(clock=clock, client=client, key=None)
+    sender.send("job_g", "http://h/x", "start", {}, terminal=False)
+    sender.send("job_g", "http://h/x", "completed", {}, terminal=True)
+    ids = [h[b"webhook-id"][0] for _, h in client.calls]
+    assert ids == [b"job_g.1", b"job_g.2"]
+    assert all(b"webhook-signature" not in h for _, h in client.calls)
