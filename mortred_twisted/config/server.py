@@ -41,6 +41,7 @@ class ServerConfig:
     max_connections: int = 1024
     peer_resp_timeout: int = 600  # seconds
     request_size_limit: float = 16.0  # MB
+    request_read_timeout: int = 60000  # head + body of one request; 0 = none
     model_run_timeout: int = 60000
     auth_token: str = ""
     rate_limit_qps: float = 0.0
@@ -78,6 +79,7 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "max_connections": (int,),
         "peer_resp_timeout": (int,),
         "request_size_limit": (int, float),
+        "request_read_timeout": (int,),
         "model_run_timeout": (int,),
         "auth_token": (str,),
         "rate_limit_qps": (int, float),
@@ -107,6 +109,7 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "max_connections": (1, None),
     "peer_resp_timeout": (0, None),
     "request_size_limit": (0.001, 4096),
+    "request_read_timeout": (0, None),
     "model_run_timeout": (0, None),
     "rate_limit_qps": (0, None),
     "max_queue_depth": (0, None),
