@@ -25,12 +25,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NamedTuple, NoReturn, TextIO
+from urllib.parse import urlencode
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-TERMINAL = ("done", "failed", "timeout")
+TERMINAL = ("done", "failed", "timeout", "cancelled")
 
 
 class RequestFailed(Exception):
@@ -49,15 +50,21 @@ class Client:
         self.base = base.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.last_headers: Any = None
 
     def url(self, path: str) -> str:
         return path if "://" in path else self.base + path
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         data = None
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **(extra_headers or {})}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         if body is not None:
@@ -66,6 +73,7 @@ class Client:
         req = urllib.request.Request(self.url(path), data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                self.last_headers = resp.headers
                 return resp.status, _decode(resp.read(), resp.headers.get("Content-Type", ""))
         except urllib.error.HTTPError as e:
             doc = _decode(e.read(), e.headers.get("Content-Type", "") if e.headers else "")
@@ -74,6 +82,55 @@ class Client:
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise RequestFailed(f"cannot reach {self.url(path)}: {reason}") from None
+
+    def events(self, path: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
+        """Follow a ``text/event-stream``: yields each event as it arrives."""
+        headers = {"Accept": "text/event-stream"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        req = urllib.request.Request(self.url(path), method="GET", headers=headers)
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            doc = _decode(e.read(), e.headers.get("Content-Type", "") if e.headers else "")
+            message = doc.get("error") if isinstance(doc, dict) else doc
+            raise RequestFailed(f"HTTP {e.code}: {message}", e.code, doc) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise RequestFailed(f"cannot reach {self.url(path)}: {reason}") from None
+        with resp:
+            yield from parse_sse(resp)
+
+
+class SseEvent(NamedTuple):
+    id: str | None
+    event: str
+    data: str
+
+
+def parse_sse(lines: Iterable[bytes]) -> Iterator[SseEvent]:
+    """The WHATWG event-stream grammar, as far as a CLI needs it (comments skipped)."""
+    event_id: str | None = None
+    name, data = "message", []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield SseEvent(event_id, name, "\n".join(data))
+            name, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            name = value
+        elif field == "id":
+            event_id = value
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
@@ -194,8 +251,13 @@ def cmd_infer(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_jobs_submit(args: argparse.Namespace, out: TextIO) -> int:
     body = _envelope(args)
+    if args.webhook:
+        body["webhook"] = args.webhook
+    if args.webhook_events:
+        body["webhook_events_filter"] = args.webhook_events.split(",")
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if args.gw is not None:
-        _, doc = args.gw.request("POST", f"/v1/models/{args.id}/jobs", body)
+        _, doc = args.gw.request("POST", f"/v1/models/{args.id}/jobs", body, extra_headers=headers)
     else:
         _, doc = args.sup.request(
             "POST", "/api/v1/infer", {"server_id": args.id, "async": True, **body}
@@ -203,8 +265,101 @@ def cmd_jobs_submit(args: argparse.Namespace, out: TextIO) -> int:
     _print_json(doc, out)
     if args.wait:
         args.job_url = doc["poll_url"]
+        if args.gw is not None and _is_gateway_path(args.job_url):
+            return cmd_jobs_watch(args, out)
         return cmd_jobs_wait(args, out)
     return EXIT_OK
+
+
+def _is_gateway_path(url: str) -> bool:
+    path = url.split("://", 1)[-1]
+    path = path[path.find("/") :] if "://" in url else url
+    return path.startswith("/v1/")
+
+
+def _gateway_job_url(args: argparse.Namespace) -> str:
+    """A job URL as given, or ``/v1/models/<id>/jobs/<job>`` from a model id + job id."""
+    if args.job.startswith("job_") and args.model:
+        return f"/v1/models/{args.model}/jobs/{args.job}"
+    return args.job
+
+
+def cmd_jobs_get(args: argparse.Namespace, out: TextIO) -> int:
+    url = _gateway_job_url(args)
+    _, doc = _job_client(args, url).request("GET", _job_base(url))
+    _print_json(doc, out)
+    return EXIT_OK
+
+
+def cmd_jobs_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    url = _gateway_job_url(args)
+    code, doc = _job_client(args, url).request("DELETE", _job_base(url))
+    if args.json:
+        _print_json(doc, out)
+    else:
+        how = "cancel requested (running)" if code == 202 else doc.get("state", "?")
+        out.write(f"{doc.get('job_id', url)}: {how}\n")
+    return EXIT_OK
+
+
+def cmd_jobs_list(args: argparse.Namespace, out: TextIO) -> int:
+    if args.gw is None:
+        raise UsageError("jobs list needs --gateway (or MORTREDCTL_GATEWAY)")
+    query: dict[str, Any] = {"limit": args.limit}
+    if args.state:
+        query["state"] = args.state
+    if args.cursor:
+        query["cursor"] = args.cursor
+    _, doc = args.gw.request("GET", f"/v1/models/{args.model}/jobs?{urlencode(query)}")
+    if args.json:
+        _print_json(doc, out)
+        return EXIT_OK
+    rows = [("JOB", "STATE", "PROGRESS", "ELAPSED MS", "QUEUE")]
+    for j in doc["jobs"]:
+        p = j.get("progress") or {}
+        rows.append((j["job_id"], j["state"], f"{p['step']}/{p['total']}" if p else "",
+                     str(j.get("elapsed_ms", "")), str(j.get("queue_position") or "")))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    if doc.get("next_cursor"):
+        out.write(f"# more: --cursor {doc['next_cursor']}\n")
+    return EXIT_OK
+
+
+def _bar(progress: dict[str, Any] | None, width: int = 30) -> str:
+    if not progress or not progress.get("total"):
+        return ""
+    done = int(width * progress["step"] / progress["total"])
+    return f"[{'#' * done}{'.' * (width - done)}] {progress['step']}/{progress['total']}"
+
+
+def cmd_jobs_watch(args: argparse.Namespace, out: TextIO) -> int:
+    """Follow a job's event stream with a progress bar; the last status goes to stdout."""
+    url = getattr(args, "job_url", None) or _gateway_job_url(args)
+    client = _job_client(args, url)
+    err = sys.stderr
+    last: dict[str, Any] | None = None
+    for ev in client.events(_job_base(url) + "/events"):
+        try:
+            doc = json.loads(ev.data)
+        except ValueError:
+            continue
+        last = doc
+        if not getattr(args, "quiet", False):
+            line = f"{doc.get('job_id', '')}: {doc.get('state', ''):<9} {_bar(doc.get('progress'))}"
+            err.write(f"\r{line}   ")
+            err.flush()
+        if doc.get("state") in TERMINAL:
+            break
+    if not getattr(args, "quiet", False):
+        err.write("\n")
+    if last is None:
+        raise RequestFailed("the event stream ended before any event")
+    _print_json(last, out)
+    if last.get("state") not in TERMINAL:
+        return EXIT_FAILED
+    return EXIT_OK if last["state"] == "done" else EXIT_FAILED
 
 
 def _job_client(args: argparse.Namespace, url: str) -> Client:
@@ -327,7 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     js = jobs.add_parser("submit", help="submit a job (202)")
     envelope_args(js)
-    js.add_argument("--wait", action="store_true", help="then wait for it")
+    js.add_argument("--wait", action="store_true", help="then follow it to the end")
+    js.add_argument("--idempotency-key", help="safe retries: the same key replays the job")
+    js.add_argument("--webhook", help="URL the server POSTs signed job events to")
+    js.add_argument("--webhook-events", help="comma list of start,progress,completed")
 
     def wait_args(a: argparse.ArgumentParser) -> None:
         a.add_argument("--step-ms", type=int, default=1000, help="long-poll budget per call")
@@ -343,6 +501,27 @@ def build_parser() -> argparse.ArgumentParser:
     jr = jobs.add_parser("result", help="a done job's envelope")
     jr.add_argument("job_url")
     jr.set_defaults(fn=cmd_jobs_result)
+
+    def job_ref(a: argparse.ArgumentParser) -> None:
+        a.add_argument("job", help="a job URL, or a job id with --model")
+        a.add_argument("--model", help="model id (with a bare job id; gateway paths)")
+
+    jg = jobs.add_parser("get", help="a job's status")
+    job_ref(jg)
+    jg.set_defaults(fn=cmd_jobs_get)
+    jc = jobs.add_parser("cancel", help="cancel a pending or running job")
+    job_ref(jc)
+    jc.set_defaults(fn=cmd_jobs_cancel)
+    jt = jobs.add_parser("watch", help="follow a job's live events with a progress bar")
+    job_ref(jt)
+    jt.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    jt.set_defaults(fn=cmd_jobs_watch)
+    jl = jobs.add_parser("list", help="your jobs on a model, newest first")
+    jl.add_argument("model")
+    jl.add_argument("--state", help="comma list, e.g. pending,running")
+    jl.add_argument("--limit", type=int, default=50)
+    jl.add_argument("--cursor")
+    jl.set_defaults(fn=cmd_jobs_list)
 
     keys = sub.add_parser("keys", help="gateway API keys").add_subparsers(
         dest="keys_command", required=True, parser_class=_Parser

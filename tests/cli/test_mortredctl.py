@@ -41,6 +41,7 @@ STATUS = {
 
 class Scripted(BaseHTTPRequestHandler):
     seen: list[tuple[str, str, str, Any]] = []
+    headers: list[dict[str, str]] = []
     polls = 0
 
     def log_message(self, *args: Any) -> None:
@@ -59,6 +60,7 @@ class Scripted(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         auth = self.headers.get("Authorization", "")
         Scripted.seen.append((method, self.path, auth, body))
+        Scripted.headers.append(dict(self.headers))
         if auth not in ("Bearer mgmt", "Bearer gw"):
             return self.reply(401, {"error": "unauthorized"})
         p = self.path
@@ -81,12 +83,44 @@ class Scripted(BaseHTTPRequestHandler):
                                     "elapsed_ms": 100 * Scripted.polls})  # fmt: skip
         if p.endswith("/job_1/result"):
             return self.reply(200, {"code": 0, "msg": "success", "data": {}})
+        if method == "DELETE" and p == "/v1/models/DDPM/jobs/job_2":
+            return self.reply(202, {"job_id": "job_2", "state": "running",
+                                    "cancel_requested": True})  # fmt: skip
+        if method == "DELETE" and p == "/v1/models/DDPM/jobs/job_9":
+            return self.reply(409, {"error": "job already finished (state: done)"})
+        if p.startswith("/v1/models/DDPM/jobs?"):
+            return self.reply(200, {"jobs": [
+                {"job_id": "job_3", "state": "pending", "queue_position": 1, "elapsed_ms": 5},
+                {"job_id": "job_2", "state": "running", "progress": {"step": 2, "total": 4},
+                 "elapsed_ms": 9}], "next_cursor": "c2"})  # fmt: skip
+        if p == "/v1/models/DDPM/jobs/job_1/events":
+            return self.stream_events()
+        if p == "/v1/models/DDPM/jobs" and method == "POST":
+            return self.reply(202, {"job_id": "job_1", "state": "pending",
+                                    "poll_url": "/v1/models/DDPM/jobs/job_1"})  # fmt: skip
         if p == "/api/v1/servers/NOPE/start":
             return self.reply(404, {"error": "unknown server: NOPE"})
         return self.reply(404, {"error": "not found"})
 
+    def stream_events(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for n, (name, doc) in enumerate([
+            ("state", {"job_id": "job_1", "state": "pending"}),
+            ("progress", {"job_id": "job_1", "state": "running",
+                          "progress": {"step": 1, "total": 2}}),
+            ("done", {"job_id": "job_1", "state": "done"}),
+        ]):  # fmt: skip
+            self.wfile.write(b": ping\n\n")
+            self.wfile.write(f"id: {n}\nevent: {name}\ndata: {json.dumps(doc)}\n\n".encode())
+            self.wfile.flush()
+
     def do_GET(self) -> None:
         self.handle_any("GET")
+
+    def do_DELETE(self) -> None:
+        self.handle_any("DELETE")
 
     def do_POST(self) -> None:
         self.handle_any("POST")
@@ -95,6 +129,7 @@ class Scripted(BaseHTTPRequestHandler):
 @pytest.fixture()
 def server() -> Iterator[str]:
     Scripted.seen = []
+    Scripted.headers = []
     Scripted.polls = 0
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -172,3 +207,42 @@ def test_keys_new_prints_matching_hash() -> None:
     doc = tomllib.loads(entry)
     assert doc["keys"][0]["sha256"] == hashlib.sha256(key.encode()).hexdigest()
     assert doc["keys"][0]["rate_limit_qps"] == 5
+
+
+def gw_run(addr: str, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(["--gateway", addr, "--gateway-token", "gw", "--json", *argv], out=out)
+    return code, out.getvalue()
+
+
+def test_jobs_cancel_get_list_through_the_gateway(server: str) -> None:
+    """cancel DELETEs the gateway job path; a finished job's 409 exits 1; list shows rows."""
+    code, text = gw_run(server, "jobs", "cancel", "job_2", "--model", "DDPM")
+    assert code == 0 and json.loads(text)["cancel_requested"] is True
+    assert ("DELETE", "/v1/models/DDPM/jobs/job_2", "Bearer gw", None) in Scripted.seen
+    assert gw_run(server, "jobs", "cancel", "/v1/models/DDPM/jobs/job_9")[0] == 1
+    out = io.StringIO()
+    code = main(["--gateway", server, "--gateway-token", "gw", "jobs", "list", "DDPM",
+                 "--state", "pending,running", "--limit", "2"], out=out)  # fmt: skip
+    assert code == 0
+    assert "job_3" in out.getvalue() and "2/4" in out.getvalue() and "--cursor c2" in out.getvalue()
+    listed = [s for s in Scripted.seen if s[1].startswith("/v1/models/DDPM/jobs?")]
+    assert "state=pending%2Crunning" in listed[0][1] and "limit=2" in listed[0][1]
+
+
+def test_jobs_watch_follows_the_event_stream_to_the_terminal_event(server: str) -> None:
+    """watch reads SSE events as they come (comments skipped) and prints the last status."""
+    code, text = gw_run(server, "jobs", "watch", "job_1", "--model", "DDPM", "-q")
+    assert code == 0 and json.loads(text)["state"] == "done"
+
+
+def test_submit_sends_idempotency_key_and_webhook_then_watches(server: str) -> None:
+    """submit --wait through the gateway sends the key and webhook, then follows the events."""
+    code, text = gw_run(server, "jobs", "submit", "DDPM", "--idempotency-key", "k-1",
+                        "--webhook", "https://hooks.example.com/x", "--webhook-events",
+                        "completed", "--wait", "-q")  # fmt: skip
+    assert code == 0 and '"state": "done"' in text
+    posted = [s for s in Scripted.seen if s[0] == "POST" and s[1] == "/v1/models/DDPM/jobs"]
+    assert posted[0][3]["webhook"] == "https://hooks.example.com/x"
+    assert posted[0][3]["webhook_events_filter"] == ["completed"]
+    assert any(h.get("Idempotency-Key") == "k-1" for h in Scripted.headers)
