@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 
@@ -56,6 +57,10 @@ class ServerConfig:
     async_max_queue: int = 8
     async_job_ttl: int = 300000
     async_max_completed: int = 100
+    job_store: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    job_lease_ms: int = 10000
+    job_max_attempts: int = 2
     model_type: str = "fake"
     model_config: str | None = None
     model_options: Mapping[str, Any] = field(default_factory=dict)
@@ -94,6 +99,10 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "async_max_queue": (int,),
         "async_job_ttl": (int,),
         "async_max_completed": (int,),
+        "job_store": (str,),
+        "redis_url": (str,),
+        "job_lease_ms": (int,),
+        "job_max_attempts": (int,),
     }
 )
 
@@ -121,7 +130,72 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     # async_max_queue <= 0 is legal: it admits nothing (seed contract).
     "async_job_ttl": (0, None),
     "async_max_completed": (0, None),
+    "job_lease_ms": (500, None),
+    "job_max_attempts": (1, 100),
 }
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where the Redis job store lives, parsed from ``redis_url``.
+
+    ``redis://[[user]:password@]host[:port][/db]``. :meth:`redacted` is the only
+    form that may be logged or shown (the password never is).
+    """
+
+    host: str
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    def redacted(self) -> str:
+        auth = ""
+        if self.password is not None:
+            auth = f"{self.username or ''}:***@"
+        elif self.username:
+            auth = f"{self.username}@"
+        return f"redis://{auth}{self.host}:{self.port}/{self.db}"
+
+
+def parse_redis_url(url: str) -> RedisAddress:
+    """Parse ``redis_url``; ValueError (whose text never holds the password)."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis":
+        raise ValueError("must start with redis://")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        raise ValueError("invalid port") from None
+    if not parts.hostname:
+        raise ValueError("needs a host (redis://127.0.0.1:6379/0)")
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise ValueError("the path must be a database number (/0)")
+    if parts.query or parts.fragment:
+        raise ValueError("takes no query or fragment")
+    return RedisAddress(
+        host=parts.hostname,
+        port=port,
+        db=int(path or 0),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )
+
+
+def job_store_problems(server: Mapping[str, Any]) -> list[str]:
+    """Problems of the job-store keys (``job_store``, ``redis_url``) of one server."""
+    problems: list[str] = []
+    store = server.get("job_store", "memory")
+    if store not in ("memory", "redis"):
+        problems.append(f"server.job_store: must be 'memory' or 'redis' (got {store!r})")
+    url = server.get("redis_url", ServerConfig.redis_url)
+    if isinstance(url, str):
+        try:
+            parse_redis_url(url)
+        except ValueError as exc:
+            problems.append(f"server.redis_url: {exc}")
+    return problems
 
 
 def find_root(path: Path) -> Path:
@@ -205,6 +279,7 @@ def build_server_config(
         problems.append(
             f"server.worker_isolation: must be 'thread' or 'process' (got {isolation!r})"
         )
+    problems.extend(job_store_problems(server))
     uri = server.get("server_uri", "/infer")
     if isinstance(uri, str) and not uri.startswith("/"):
         problems.append(f"server.server_uri: must start with '/' (got {uri!r})")

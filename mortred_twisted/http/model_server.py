@@ -9,7 +9,10 @@ POST pre-check order: 405 → 401 → 415 → 413 (before the body is read; see
 :mod:`mortred_twisted.http.limits`) → 400 → 422 → 429. The 202 of ``POST /jobs``
 is returned at admission; the job series is started by the runner, independently
 of this request. ``/jobs/{id}/wait`` hangs on a named counter raced against a
-reactor timer: no thread blocks, nothing polls.
+reactor timer: no thread blocks, nothing polls. Every job operation goes through
+the runtime's :class:`~mortred_twisted.jobs.store.JobStore`: plain answers from the
+memory store, Deferreds from the shared (Redis) one, which answers 503 "job store
+unavailable" while Redis cannot be reached.
 
 Thread contract: reactor thread only.
 """
@@ -33,7 +36,8 @@ from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fastpath import FastRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.ratelimit import RateLimiter
-from mortred_twisted.jobs.ledger import JobSnapshot
+from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
+from mortred_twisted.jobs.store import Maybe, StoreUnavailable, then
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
@@ -199,22 +203,42 @@ class ModelServerApp(EdgeBase):
                 raise err
         except Exception as exc:
             return self._job_error(request, to_api_error(exc), req_id)
-        job_id = rt.ledger.submit(valid, task_id=req_id)
+        admitted = rt.store.submit(valid, task_id=req_id)
+        answer = then(admitted, lambda job_id: self._admitted(request, job_id, req_id))
+        return self._store_errors(request, answer, req_id)
+
+    def _admitted(self, request: IRequest, job_id: str | None, req_id: str) -> bytes:
+        rt = self.runtime
         if job_id is None:
             rt.metrics.async_rejected.inc()
             full = ApiError(
                 E.TOO_MANY_REQUESTS,
-                f"async queue full (max {rt.ledger.max_queue})",
+                f"async queue full (max {rt.store.max_queue})",
                 {"Retry-After": "1"},
             )
             return self._job_error(request, full, req_id)
         rt.metrics.job_events["submitted"].inc()
         assert rt.runner is not None
-        rt.runner.start(job_id)
+        if rt.store.pull:
+            rt.runner.kick()  # a free worker here takes it (or another replica's)
+        else:
+            rt.runner.start(job_id)
         body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}
         return self._respond(
             request, 202, json_bytes(body), req_id, {"Location": f"/jobs/{job_id}"}
         )
+
+    def _store_errors(self, request: IRequest, answer: Maybe[bytes], req_id: str | None) -> Any:
+        """A store's answer as is, or 503 when the (shared) store is unreachable."""
+        if not isinstance(answer, Deferred):
+            return answer
+
+        def unavailable(failure: Any) -> bytes:
+            failure.trap(StoreUnavailable)
+            err = ApiError(E.NOT_READY, str(failure.value), {"Retry-After": "1"})
+            return self._job_error(request, err, req_id)
+
+        return answer.addErrback(unavailable)
 
     @staticmethod
     def _status_body(snap: JobSnapshot) -> bytes:
@@ -248,16 +272,22 @@ class ModelServerApp(EdgeBase):
     def _job_get_prechecks(self, request: IRequest) -> ApiError | None:
         return self._jobs_disabled() or self._auth_error(request.requestHeaders)
 
-    def job_status(self, request: IRequest, job_id: str) -> bytes:
+    def job_status(self, request: IRequest, job_id: str) -> Any:
         err = self._job_get_prechecks(request)
         if err is not None:
             return self._job_error(request, err)
-        snap = self.runtime.ledger.snapshot(job_id)
+        rid = self._request_id_header(request)
+        snap = self.runtime.store.snapshot(job_id)
+        return self._store_errors(
+            request, then(snap, lambda s: self._status_answer(request, job_id, s, rid)), rid
+        )
+
+    def _status_answer(
+        self, request: IRequest, job_id: str, snap: JobSnapshot | None, rid: str | None
+    ) -> bytes:
         if snap is None:
             return self._job_lookup_error(request, job_id)
-        return self._respond(
-            request, 200, self._status_body(snap), self._request_id_header(request)
-        )
+        return self._respond(request, 200, self._status_body(snap), rid)
 
     def job_wait(self, request: IRequest, job_id: str) -> Any:
         err = self._job_get_prechecks(request)
@@ -268,39 +298,59 @@ class ModelServerApp(EdgeBase):
         except ValueError as exc:
             bad = ApiError(E.INVALID_REQUEST, f"invalid timeout: {exc}", status=400)
             return self._job_error(request, bad)
+        rid = self._request_id_header(request)
+        snap = self.runtime.store.snapshot(job_id)
+        answer = then(snap, lambda s: self._wait_on(request, job_id, s, budget_ms, rid))
+        return self._store_errors(request, answer, rid)
+
+    def _wait_on(
+        self, request: IRequest, job_id: str, snap: JobSnapshot | None, budget_ms: int,
+        rid: str | None,
+    ) -> Any:  # fmt: skip
         rt = self.runtime
-        snap = rt.ledger.snapshot(job_id)
         if snap is None:
             return self._job_lookup_error(request, job_id)
-        rid = self._request_id_header(request)
         if snap.terminal:
             rt.metrics.wait_wakeups.labels(reason="immediate").inc()
             return self._respond(request, 200, self._status_body(snap), rid)
-        # State changes happen on this (the reactor) thread, so nothing can slip in
-        # between the terminal check above and registering the counter below.
         woke = within(
             rt.clock, rt.counters.counter(job_id, 1), budget_ms / 1000.0, cancel_on_expiry=True
         )
+        if rt.store.shared:
+            # The job may end on another replica between the read above and the
+            # counter: read again now that the counter is registered (an event
+            # after this point counts it), so no wake-up is lost.
+            def recheck(again: JobSnapshot | None) -> None:
+                if again is None or again.terminal:
+                    rt.counters.count_by_name(job_id, None)
 
-        def answer(reason: str) -> bytes:
+            then(rt.store.snapshot(job_id), recheck).addErrback(lambda _f: None)
+        # A memory store changes state on this (the reactor) thread only, so
+        # nothing can slip in between the terminal check and the counter.
+
+        def answer(reason: str) -> Any:
             rt.metrics.wait_wakeups.labels(reason=reason).inc()
-            current = rt.ledger.snapshot(job_id)
-            if current is None:  # evicted meanwhile (only possible with tiny retention)
-                return self._job_lookup_error(request, job_id)
-            return self._respond(request, 200, self._status_body(current), rid)
+            current = rt.store.snapshot(job_id)
+            return then(current, lambda c: self._status_answer(request, job_id, c, rid))
 
-        def on_budget(failure: Any) -> bytes:
+        def on_budget(failure: Any) -> Any:
             failure.trap(DeadlineExpired)
             return answer("budget")
 
         out: Deferred[bytes] = woke.addCallbacks(lambda _name: answer("terminal"), on_budget)
         return out
 
-    def job_result(self, request: IRequest, job_id: str) -> bytes:
+    def job_result(self, request: IRequest, job_id: str) -> Any:
         err = self._job_get_prechecks(request)
         if err is not None:
             return self._job_error(request, err)
-        lookup = self.runtime.ledger.take_result(job_id)
+        rid = self._request_id_header(request)
+        lookup = self.runtime.store.take_result(job_id)
+        return self._store_errors(
+            request, then(lookup, lambda found: self._result_answer(request, job_id, found)), rid
+        )
+
+    def _result_answer(self, request: IRequest, job_id: str, lookup: ResultLookup) -> bytes:
         if not lookup.found:
             return self._job_lookup_error(request, job_id)
         if not lookup.done:

@@ -315,10 +315,6 @@ class AsyncJobTable(Generic[RequestT]):
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def job_ids(self) -> list[str]:
-        with self._lock:
-            return list(self._jobs)
-
     def nonterminal_ids(self) -> list[str]:
         """Ids of pending or running jobs (used to end them at shutdown)."""
         with self._lock:

@@ -90,6 +90,10 @@ class NamedCounters:
         """How many counters are registered under ``name``."""
         return len(self._by_name.get(name, ()))
 
+    def names(self) -> list[str]:
+        """The names with at least one counter (e.g. to re-check them after a gap)."""
+        return list(self._by_name)
+
     @property
     def total_waiting(self) -> int:
         """Counters registered under any name (parked long-polls, for the metrics)."""

@@ -1,7 +1,8 @@
 """``ModelRuntime``: one model server's runtime, wired from its config.
 
-Owns the ledger, the worker pool, the job runner, the sync path, the named
-counters and the metrics of one process, and the readiness state. Loading the
+Owns the job store (``[server] job_store``: the in-process ledger, or Redis shared
+by the replicas of the model id), the worker pool, the job runner, the sync path,
+the named counters and the metrics of one process, and the readiness state. Loading the
 model instances happens on the model thread pool at start; a loading error leaves
 the runtime *not ready* with the error kept for ``/ready`` and the log — never a
 half-working server with random weights.
@@ -20,8 +21,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from mortred_twisted.config.server import ServerConfig
+from mortred_twisted.config.server import ServerConfig, parse_redis_url
 from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.memory_store import MemoryJobStore
+from mortred_twisted.jobs.store import JobStore
+from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model
 from mortred_twisted.models.isolated import IsolatedModel
@@ -63,11 +67,9 @@ class ModelRuntime:
         self.metrics = metrics or ServerMetrics()
         self._build_model = build_model
         self.counters = NamedCounters()
-        self.ledger: AsyncJobTable[InferenceRequest] = AsyncJobTable(
-            max_queue=config.async_max_queue,
-            job_ttl_ms=config.async_job_ttl,
-            max_completed=config.async_max_completed,
-        )
+        #: The in-process ledger (memory store only; None with a shared store).
+        self.ledger: AsyncJobTable[InferenceRequest] | None = None
+        self.store: JobStore[InferenceRequest] = self._build_store()
         self.readiness = Readiness.LOADING
         self.load_error: str | None = None
         self.models: list[Model] = []
@@ -75,12 +77,62 @@ class ModelRuntime:
         self.runner: JobRunner | None = None
         self.sync: SyncInference | None = None
         self.metrics.bind_gauges(
-            queue_depth=lambda: self.ledger.queue_depth,
+            queue_depth=lambda: self.store.queue_depth,
             workers_available=lambda: self.workers.available if self.workers else 0,
             workers_busy=lambda: self.workers.busy if self.workers else 0,
             ready=lambda: 1.0 if self.ready else 0.0,
             waiters=lambda: self.counters.total_waiting,
         )
+
+    def _build_store(self) -> JobStore[InferenceRequest]:
+        cfg = self.config
+        if cfg.job_store != "redis":
+            self.ledger = AsyncJobTable(
+                max_queue=cfg.async_max_queue,
+                job_ttl_ms=cfg.async_job_ttl,
+                max_completed=cfg.async_max_completed,
+                clock=self.clock.seconds,
+            )
+            return MemoryJobStore(self.ledger)
+        from mortred_twisted.runtime.redis_link import RedisLink
+        from mortred_twisted.runtime.redis_store import RedisJobStore
+
+        address = parse_redis_url(cfg.redis_url)
+        store = RedisJobStore(
+            reactor=self.clock,
+            link_factory=lambda reactor, **kw: RedisLink(reactor, address, **kw),
+            model_id=cfg.id,
+            counters=self.counters,
+            max_queue=cfg.async_max_queue,
+            job_ttl_ms=cfg.async_job_ttl,
+            max_completed=cfg.async_max_completed,
+            lease_ms=cfg.job_lease_ms,
+            max_attempts=cfg.job_max_attempts,
+            budget_ms=cfg.async_timeout,
+            encode=encode_request,
+            decode=decode_request,
+        )
+        store.on_queued = self._kick
+        return store
+
+    def _kick(self) -> None:
+        if self.runner is not None and self.ready:
+            self.runner.kick()
+
+    def start_store(self) -> None:
+        """Connect a shared store (in the background; calls fail with 503 until up)."""
+        start = getattr(self.store, "start", None)
+        if start is not None:
+            start()
+
+    def maintain(self) -> Deferred[Any] | int:
+        """The periodic upkeep of the store (retention; leases for a shared one)."""
+        out = self.store.maintain()
+        if isinstance(out, Deferred):
+            out.addErrback(lambda f: log.warn("job store upkeep failed: {e}",
+                                              e=f.getErrorMessage()))  # fmt: skip
+        self._kick()
+        return out
 
     @property
     def ready(self) -> bool:
@@ -133,7 +185,7 @@ class ModelRuntime:
         self.workers = WorkerPool(models)
         self.runner = JobRunner(
             clock=self.clock,
-            ledger=self.ledger,
+            store=self.store,
             workers=self.workers,
             threads=self.threads,
             counters=self.counters,
@@ -153,6 +205,7 @@ class ModelRuntime:
         if self.readiness is Readiness.LOADING:
             self.readiness = Readiness.READY
             log.info("model {model} ready: {n} worker(s)", model=cfg.model_type, n=cfg.worker_nums)
+            self._kick()
 
     def _load_failed(self, failure: Any) -> None:
         self.readiness = Readiness.FAILED
@@ -167,17 +220,19 @@ class ModelRuntime:
         """Stop admitting, drain in-flight jobs for up to ``grace_s``, close models."""
         self.readiness = Readiness.STOPPING
         if self.runner is None:
-            d: Deferred[None] = Deferred()
+            d: Deferred[Any] = Deferred()
             d.callback(None)
-            return d
-        d = self.runner.drain(grace_s)
+        else:
+            d = self.runner.drain(grace_s)
 
-        def close(_: Any) -> None:
+        def close(_: Any) -> Any:
             for model in self.models:
                 try:
                     model.close()
                 except Exception:
                     log.failure("closing a model instance failed")
+            stop = getattr(self.store, "stop", None)
+            return stop() if stop is not None else None
 
         d.addBoth(close)
         return d

@@ -1,18 +1,25 @@
-"""The job runner: each admitted job runs as its own Deferred chain (a "series").
+"""The job runner: each job runs as its own Deferred chain (a "series").
 
 Workflow's ``WFGoTask->start()`` on an independent series, in reactor terms. The
-route that admitted the job returns its 202 at once; :meth:`JobRunner.start`
-schedules the series two reactor turns later (``callLater(0, callLater, 0, …)``)
-so the 202's bytes leave in the reactor iteration in between, and the series is
-owned by the runner, never reachable from the route's Deferred (Klein cancels
-that one when the client disconnects).
+series is owned by the runner, never reachable from the route's Deferred (Klein
+cancels that one when the client disconnects). A job reaches the runner in one of
+two ways, chosen by the store (:attr:`JobStore.pull`):
 
-The series: acquire a worker within the job's budget (``async_timeout``: worker
-wait + run; 0 = unlimited) → ``transition_running`` → ``take_request`` → model
-run on the thread pool → ``finish``/``fail``/``timeout`` → ``count_by_name(job_id)``
-wakes every waiter. Any exception ends the job ``failed`` with a readable error
-and is logged; the ledger's state machine guarantees one terminal transition, so
-the queue depth never drifts.
+- **push** (memory store): the route that admitted the job calls :meth:`start`,
+  which schedules the series two reactor turns later (``callLater(0, callLater, 0,
+  …)``) so the 202's bytes leave in the iteration in between. The series acquires a
+  worker within the job's budget (``async_timeout``: worker wait + run; 0 =
+  unlimited), then ``store.begin`` moves it to running and hands out the request.
+- **pull** (a shared store): :meth:`kick` — called on a local submit, on a "queued"
+  event from another replica, when a worker comes back and on the maintenance tick
+  — takes jobs with ``store.claim_next`` *only while a worker is free*, so no job
+  waits on a busy replica while another one idles. The budget counts from
+  admission (the claim says how old the job is).
+
+Then: the model runs on the thread pool → one ``store.terminate`` (done / failed /
+timeout) → ``count_by_name(job_id)`` wakes every local waiter (waiters on other
+replicas are woken by the store's events). Any exception ends the job ``failed``
+with a readable error and is logged; the store guarantees one terminal transition.
 
 Thread contract: reactor thread only (the model runs on the pool).
 """
@@ -22,11 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, gatherResults
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.store import Claim, JobStore, Maybe, settle, then
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import (
     InferenceRequest,
@@ -54,13 +62,13 @@ def describe_error(exc: BaseException) -> str:
 
 
 class JobRunner:
-    """Starts, tracks and drains job series."""
+    """Starts (push) or takes (pull), tracks and drains job series."""
 
     def __init__(
         self,
         *,
         clock: IReactorTime,
-        ledger: AsyncJobTable[InferenceRequest],
+        store: JobStore[InferenceRequest],
         workers: WorkerPool[Model],
         threads: ThreadRunner,
         counters: NamedCounters,
@@ -69,7 +77,7 @@ class JobRunner:
         on_terminal: Callable[[str], None] | None = None,
     ) -> None:
         self._clock = clock
-        self._ledger = ledger
+        self._store = store
         self._workers = workers
         self._threads = threads
         self._counters = counters
@@ -78,25 +86,35 @@ class JobRunner:
         self._on_terminal = on_terminal
         self._inflight: dict[str, Deferred[None]] = {}
         self._contexts: dict[str, RunContext] = {}
+        self._admitted_at: dict[str, float] = {}
         self._draining = False
+        self._pulling = False
+        if store.pull:
+            # A worker coming back (from a job or an /infer call) may take a job.
+            workers.on_free = lambda: clock.callLater(0, self.kick)
 
     @property
     def inflight(self) -> int:
         return len(self._inflight)
 
+    # -- push ---------------------------------------------------------------------
+
     def start(self, job_id: str) -> None:
-        """Schedule the series of an admitted job (two reactor turns from now)."""
+        """Push mode: schedule the series of an admitted job (two reactor turns on)."""
         self._clock.callLater(0, self._clock.callLater, 0, self._begin, job_id)
 
     def _begin(self, job_id: str) -> None:
         if self._draining:
-            self._end(job_id, "fail", SHUTDOWN_ERROR)
+            self._end(job_id, JobState.FAILED, SHUTDOWN_ERROR)
             return
-        d = Deferred.fromCoroutine(self._series(job_id))
+        self._track(job_id, Deferred.fromCoroutine(self._push_series(job_id)))
+
+    def _track(self, job_id: str, d: Deferred[None]) -> None:
         self._inflight[job_id] = d
 
         def done(result: Any) -> Any:
             self._inflight.pop(job_id, None)
+            self._admitted_at.pop(job_id, None)
             return result
 
         d.addBoth(done)
@@ -107,8 +125,9 @@ class JobRunner:
             return None
         return deadline - self._clock.seconds()
 
-    async def _series(self, job_id: str) -> None:
+    async def _push_series(self, job_id: str) -> None:
         started = self._clock.seconds()
+        self._admitted_at[job_id] = started
         deadline = None if self._budget_s is None else started + self._budget_s
         try:
             acquire = self._workers.acquire("async")
@@ -116,21 +135,81 @@ class JobRunner:
                 self._clock, acquire, self._remaining(deadline), cancel_on_expiry=True
             )
         except DeadlineExpired:
-            self._end(job_id, "timeout", self._budget_message("waiting for a worker"))
+            await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
             return
         except CancelledError:
-            self._end(job_id, "fail", SHUTDOWN_ERROR)
+            await settle(self._end(job_id, JobState.FAILED, SHUTDOWN_ERROR))
             return
         wait_ms = (self._clock.seconds() - started) * 1000.0
         self._metrics.queue_wait_duration.labels(path="async").observe(wait_ms)
-        run: Deferred[EncodedResult] | None = None
         try:
-            if not self._ledger.transition_running(job_id):
-                return  # already terminal (shutdown ended it while it waited)
+            request = await settle(self._store.begin(job_id))
+        except BaseException:
+            lease.release()
+            raise
+        if request is None:
+            lease.release()
+            return  # already terminal (shutdown ended it while it waited)
+        await self._run(job_id, lease, request, deadline)
+
+    # -- pull ---------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Pull mode: take pending jobs while a worker is free (no-op in push mode,
+        while draining, or while a pull is already under way)."""
+        if not self._store.pull or self._draining or self._pulling:
+            return
+        self._pulling = True
+        d = Deferred.fromCoroutine(self._pull())
+        d.addErrback(lambda f: log.failure("pulling jobs failed", f))
+
+    async def _pull(self) -> None:
+        try:
+            while not self._draining and self._workers.available > 0:
+                lease = await self._workers.acquire("async")
+                try:
+                    claim = await settle(self._store.claim_next())
+                except Exception as exc:
+                    lease.release()
+                    log.warn("cannot take jobs from the store: {e}", e=describe_error(exc))
+                    return
+                if claim is None:
+                    lease.release()
+                    return
+                self._track(claim.job_id, Deferred.fromCoroutine(self._pull_series(claim, lease)))
+        finally:
+            self._pulling = False
+
+    async def _pull_series(self, claim: Claim, lease: WorkerLease[Model]) -> None:
+        now = self._clock.seconds()
+        self._admitted_at[claim.job_id] = now - claim.age_ms / 1000.0
+        self._metrics.queue_wait_duration.labels(path="async").observe(claim.age_ms)
+        deadline = None
+        if self._budget_s is not None:
+            deadline = self._admitted_at[claim.job_id] + self._budget_s
+            if deadline <= now:
+                lease.release()
+                await settle(
+                    self._end(claim.job_id, JobState.TIMEOUT, self._budget_message("waiting"))
+                )
+                return
+        await self._run(claim.job_id, lease, claim.request, deadline)
+
+    # -- the common part ----------------------------------------------------------
+
+    async def _run(
+        self,
+        job_id: str,
+        lease: WorkerLease[Model] | None,
+        request: InferenceRequest,
+        deadline: float | None,
+    ) -> None:
+        """Run the model for a running job whose worker is ``lease``; end the job."""
+        assert lease is not None
+        run: Deferred[EncodedResult] | None = None
+        outcome: tuple[JobState, Any]
+        try:
             self._metrics.job_events["running"].inc()
-            request = self._ledger.take_request(job_id)
-            if request is None:
-                raise RuntimeError("job payload missing")
             ctx = RunContext(on_progress=lambda step, total: self._progress(job_id, step, total))
             self._contexts[job_id] = ctx
             run = self._threads.run(run_and_encode, lease.worker, request, ctx)
@@ -142,18 +221,19 @@ class JobRunner:
                 on_expiry=ctx.cancel,
             )  # fmt: skip
             self._metrics.inference_duration.labels(path="async").observe(result.run_ms)
-            self._end(job_id, "finish", result.data_json)
+            outcome = (JobState.DONE, result.data_json)
         except DeadlineExpired:
-            self._end(job_id, "timeout", self._budget_message("running"))
+            outcome = (JobState.TIMEOUT, self._budget_message("running"))
         except RunCancelled:
-            self._end(job_id, "fail", "cancelled")
+            outcome = (JobState.FAILED, "cancelled")
         except Exception as exc:
             log.failure("job {job_id} failed", job_id=job_id)
-            self._end(job_id, "fail", describe_error(exc))
+            outcome = (JobState.FAILED, describe_error(exc))
         finally:
             if lease is not None:
                 lease.release()
             self._contexts.pop(job_id, None)
+        await settle(self._end(job_id, *outcome))
 
     @staticmethod
     def _release_after(result: Any, lease: WorkerLease[Model]) -> Any:
@@ -161,44 +241,80 @@ class JobRunner:
         return result
 
     def _progress(self, job_id: str, step: int, total: int) -> None:
-        # Called on the worker thread; the ledger is thread-safe.
-        self._ledger.set_progress(job_id, step, total)
+        # Called on the worker thread; set_progress is thread-safe by contract.
+        self._store.set_progress(job_id, step, total)
 
     def _budget_message(self, phase: str) -> str:
         budget_ms = int((self._budget_s or 0) * 1000)
+        phase = "waiting for a worker" if phase == "waiting" else phase
         return f"job exceeded async_timeout ({budget_ms} ms) while {phase}"
 
-    def _end(self, job_id: str, how: str, payload: Any) -> None:
-        """One terminal transition + metrics + wake every waiter of the job."""
-        if how == "finish":
-            ok, state = self._ledger.finish(job_id, payload), "done"
-        elif how == "timeout":
-            ok, state = self._ledger.timeout(job_id, payload), "timeout"
+    def _end(self, job_id: str, state: JobState, payload: Any) -> Maybe[None]:
+        """One terminal transition + metrics + wake every local waiter of the job."""
+        if state is JobState.DONE:
+            ended = self._store.terminate(job_id, state, result=payload)
         else:
-            ok, state = self._ledger.fail(job_id, payload), "failed"
-        if not ok:
-            return
-        self._metrics.job_events[state].inc()
-        snap = self._ledger.snapshot(job_id)
+            ended = self._store.terminate(job_id, state, error=payload)
+        admitted = self._admitted_at.get(job_id)
+        now = self._clock.seconds()
+
+        def after(ok: bool) -> None:
+            if not ok:
+                return
+            self._metrics.job_events[state.value].inc()
+            if admitted is not None:
+                self._observe(state, (now - admitted) * 1000.0)
+            else:
+                then(self._store.snapshot(job_id), lambda s: self._observe_snapshot(state, s))
+            self._counters.count_by_name(job_id, None)
+            if self._on_terminal is not None:
+                self._on_terminal(job_id)
+
+        return then(ended, after)
+
+    def _observe(self, state: JobState, elapsed_ms: float) -> None:
+        self._metrics.async_job_duration.labels(state=state.value).observe(elapsed_ms)
+
+    def _observe_snapshot(self, state: JobState, snap: Any) -> None:
         if snap is not None:
-            self._metrics.async_job_duration.labels(state=state).observe(snap.elapsed_ms)
-        self._counters.count_by_name(job_id, None)
-        if self._on_terminal is not None:
-            self._on_terminal(job_id)
+            self._observe(state, snap.elapsed_ms)
+
+    # -- shutdown -----------------------------------------------------------------
 
     def drain(self, grace_s: float) -> Deferred[None]:
-        """Stop starting jobs; wait up to ``grace_s`` for in-flight series, then end
-        every remaining non-terminal job ``failed`` (waiters are woken)."""
+        """Stop starting jobs; wait up to ``grace_s`` for in-flight series; then ask
+        the models still running to stop, hand jobs of a shared store back to its
+        queue (another replica runs them), and end every job that dies with this
+        process ``failed`` (waiters are woken)."""
         self._draining = True
         pending = list(self._inflight.values())
         finished: Deferred[Any] = DeferredList(pending, consumeErrors=True)
         timed = within(self._clock, finished, grace_s, cancel_on_expiry=False)
 
-        def abandon(_: Any) -> None:
+        def abandon(_: Any) -> Deferred[Any]:
             for ctx in self._contexts.values():
                 ctx.cancel()
-            for job_id in self._ledger.nonterminal_ids():
-                self._end(job_id, "fail", SHUTDOWN_ERROR)
+            steps: list[Deferred[Any]] = []
+            for job_id in list(self._inflight):
+                steps.append(_as_deferred(self._store.hand_back(job_id)))
+
+            def end_orphans(ids: list[str]) -> Deferred[Any]:
+                ends = [_as_deferred(self._end(j, JobState.FAILED, SHUTDOWN_ERROR)) for j in ids]
+                return gatherResults(ends, consumeErrors=True)
+
+            orphans = _as_deferred(self._store.orphaned_at_shutdown()).addCallback(end_orphans)
+            steps.append(orphans)
+            out = gatherResults(steps, consumeErrors=True)
+            out.addErrback(lambda f: log.failure("ending jobs at shutdown failed", f))
+            return out
 
         timed.addBoth(abandon)
         return timed
+
+
+def _as_deferred(value: Any) -> Deferred[Any]:
+    if isinstance(value, Deferred):
+        return value
+    d: Deferred[Any] = Deferred()
+    d.callback(value)
+    return d

@@ -16,7 +16,7 @@ waiter from the queue.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -59,6 +59,9 @@ class WorkerPool(Generic[W]):
         self._free: deque[W] = deque(workers)
         self._waiters: deque[_Waiter[W]] = deque()
         self._waiting_by_kind: dict[str, int] = {}
+        #: Called when a worker becomes free with nobody waiting (pull-mode runners
+        #: take their next job then).
+        self.on_free: Callable[[], None] | None = None
 
     @property
     def size(self) -> int:
@@ -107,3 +110,5 @@ class WorkerPool(Generic[W]):
             waiter.deferred.callback(WorkerLease(self, worker))
         else:
             self._free.append(worker)
+            if self.on_free is not None:
+                self.on_free()

@@ -5,7 +5,9 @@ order, stopped in reverse)::
 
     MultiService
       ├─ ModelThreadPool      model threads (stopped last)
-      └─ ModelServerService   loads the models, listens, drains jobs on stop
+      ├─ ModelServerService   connects the job store, loads the models, listens,
+      │                       drains jobs on stop
+      └─ job-store upkeep     retention; leases and reclaim for a shared store
 
 Startup refuses (usage error, non-zero exit) on an invalid config and on a
 non-loopback listen host without an auth token (fail-closed). A model that fails
@@ -135,6 +137,7 @@ class ModelServerService(Service):
             self._reactor.callLater(0, self._reactor.stop)
 
         d.addCallbacks(listening, cannot_listen)
+        self.runtime.start_store()
         loaded = self.runtime.load_models()
         loaded.addBoth(self._freeze_loaded)
 
@@ -217,8 +220,9 @@ def build_service(
     interval = retention_sweep_interval_s(config)
     if interval is not None:
         # Retention also runs on every submit; this frees expired jobs on an idle
-        # server. Last child: stopped first.
-        sweep = TimerService(interval, runtime.ledger.evict_expired)
+        # server (and renews leases, reclaims jobs of lost replicas with a shared
+        # store). Last child: stopped first.
+        sweep = TimerService(interval, runtime.maintain)
         sweep.clock = reactor
         sweep.setName("retention-sweep")
         sweep.setServiceParent(top)
@@ -228,8 +232,14 @@ def build_service(
 def retention_sweep_interval_s(config: ServerConfig) -> float | None:
     """How often to run the ledger's retention between submits: a tenth of the job
     TTL, between 0.1 s and 10 s; None when nothing can expire by time (async off, or
-    ``async_job_ttl = 0``: LRU only, which only grows on submit)."""
-    if not config.async_enabled or config.async_job_ttl <= 0:
+    ``async_job_ttl = 0``: LRU only, which only grows on submit). A shared store
+    also renews leases there: at least three times per ``job_lease_ms``."""
+    if not config.async_enabled:
+        return None
+    if config.job_store == "redis":
+        ttl_s = config.async_job_ttl / 1000.0 / 10 if config.async_job_ttl > 0 else 10.0
+        return min(10.0, max(0.1, min(ttl_s, config.job_lease_ms / 1000.0 / 3)))
+    if config.async_job_ttl <= 0:
         return None
     return min(10.0, max(0.1, config.async_job_ttl / 1000.0 / 10))
 

@@ -7,6 +7,7 @@ from typing import Any
 from twisted.internet.task import Clock
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model, RunContext
@@ -39,7 +40,7 @@ def setup(model: Model, *, budget_ms: int = 0, workers: int = 1):
     pool = WorkerPool([model] * workers)
     counters = NamedCounters()
     runner = JobRunner(
-        clock=clock, ledger=ledger, workers=pool, threads=threads, counters=counters,
+        clock=clock, store=MemoryJobStore(ledger), workers=pool, threads=threads, counters=counters,
         metrics=ServerMetrics(), budget_ms=budget_ms,
     )  # fmt: skip
     return clock, threads, ledger, pool, counters, runner

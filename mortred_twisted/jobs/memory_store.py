@@ -1,0 +1,80 @@
+"""``MemoryJobStore``: the :class:`~mortred_twisted.jobs.store.JobStore` of one
+process, a thin adapter over :class:`~mortred_twisted.jobs.ledger.AsyncJobTable`.
+
+Every answer is a plain value (no Deferred): the embedded default keeps the
+measured poll/submit cost of the bare ledger. Jobs live and die with the process
+(a restarted server answers 404 for its old ids).
+
+Pure: no Twisted. Thread contract: that of the ledger (any thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+from mortred_twisted.jobs.ledger import AsyncJobTable, JobSnapshot, ResultLookup
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.store import Claim
+
+RequestT = TypeVar("RequestT")
+
+
+class MemoryJobStore(Generic[RequestT]):
+    """Push-mode store over one ledger (``store.ledger`` for tests and tools)."""
+
+    pull = False
+    shared = False
+
+    def __init__(self, ledger: AsyncJobTable[RequestT]) -> None:
+        self.ledger = ledger
+
+    @property
+    def max_queue(self) -> int:
+        return self.ledger.max_queue
+
+    @property
+    def queue_depth(self) -> int:
+        return self.ledger.queue_depth
+
+    def submit(self, request: RequestT, task_id: str = "") -> str | None:
+        return self.ledger.submit(request, task_id)
+
+    def begin(self, job_id: str) -> RequestT | None:
+        if not self.ledger.transition_running(job_id):
+            return None
+        request = self.ledger.take_request(job_id)
+        if request is None:  # only begin() takes it, so this is a bug somewhere
+            self.ledger.fail(job_id, "job payload missing")
+        return request
+
+    def claim_next(self) -> Claim | None:
+        return None  # push mode: the runner is handed every job it runs
+
+    def terminate(
+        self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        if state is JobState.DONE:
+            return self.ledger.finish(job_id, result)
+        if state is JobState.TIMEOUT:
+            return self.ledger.timeout(job_id, error or "")
+        if state is JobState.FAILED:
+            return self.ledger.fail(job_id, error or "")
+        raise ValueError(f"not a terminal state: {state!r}")
+
+    def set_progress(self, job_id: str, step: int, total: int) -> None:
+        self.ledger.set_progress(job_id, step, total)
+
+    def snapshot(self, job_id: str) -> JobSnapshot | None:
+        return self.ledger.snapshot(job_id)
+
+    def take_result(self, job_id: str) -> ResultLookup:
+        return self.ledger.take_result(job_id)
+
+    def maintain(self) -> int:
+        return self.ledger.evict_expired()
+
+    def orphaned_at_shutdown(self) -> list[str]:
+        return self.ledger.nonterminal_ids()
+
+    def hand_back(self, job_id: str) -> bool:
+        return False

@@ -1,0 +1,146 @@
+"""``JobStore``: everything the HTTP edge and the job runner do with jobs (pure).
+
+Two implementations: :class:`~mortred_twisted.jobs.memory_store.MemoryJobStore`
+(the in-process :class:`~mortred_twisted.jobs.ledger.AsyncJobTable`, the embedded
+default) and :class:`~mortred_twisted.runtime.redis_store.RedisJobStore` (a Redis
+shared by every replica of one model id).
+
+**Answers are "maybe deferred".** Each call returns either its value or a
+``Deferred`` of it (:data:`Maybe`). The memory store answers with plain values, so
+the hot poll/submit path pays nothing for the abstraction; the Redis store answers
+with Deferreds (no Redis call ever blocks the reactor thread). Callers go through
+:func:`then` (or ``await`` via :func:`settle`), which handles both.
+
+**Contract shared by both stores** (tests/jobs/test_store_contract.py runs it on both):
+
+- ``submit`` is one atomic admission step: the queue-full check and the depth
+  increment cannot interleave with another admission, in this process or another.
+- ``terminate(job_id, state, …)`` is the single non-terminal → terminal transition
+  (any state of ``TERMINAL_STATES``): it happens at most once per job, frees the
+  request payload, decrements the depth once and makes the job visible to
+  retention. Later calls answer False. New terminal states (e.g. ``cancelled``)
+  need no new method.
+- Retention (TTL after completion, then LRU beyond ``max_completed``) only ever
+  removes terminal jobs.
+- ``snapshot``/``take_result`` answer ``None``/``found=False`` for unknown ids and
+  refresh the job's LRU position.
+
+**Two ways a job reaches a worker** (``pull``): the memory store is push — the
+route that admitted a job hands it to the runner, which calls :meth:`JobStore.begin`
+once a worker is free. A shared store is pull — a replica with a free worker calls
+:meth:`JobStore.claim_next`, which takes the oldest pending job of the model id for
+this replica (under a lease the replica renews) or answers None.
+
+This module imports no Twisted at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, Union
+
+from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
+from mortred_twisted.jobs.states import JobState
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
+T = TypeVar("T")
+U = TypeVar("U")
+RequestT = TypeVar("RequestT")
+
+#: A value, or a Deferred that fires with it.
+Maybe = Union[T, "Deferred[T]"]
+
+
+class StoreUnavailable(Exception):
+    """The job store cannot be reached (Redis down): the HTTP edge answers 503."""
+
+
+class Claim(NamedTuple):
+    """A job taken by :meth:`JobStore.claim_next` for this replica to run."""
+
+    job_id: str
+    request: Any
+    #: time since admission (store clock), for the ``async_timeout`` budget
+    age_ms: int
+    #: 1 on the first run, +1 on each run after a lost replica
+    attempt: int
+
+
+def then(value: Maybe[T], fn: Callable[[T], U]) -> Maybe[U]:
+    """``fn(value)`` now for a plain value, or chained for a Deferred."""
+    add = getattr(value, "addCallback", None)
+    if add is None:
+        return fn(value)  # type: ignore[arg-type]
+    return add(fn)
+
+
+async def settle(value: Maybe[T]) -> T:
+    """Await a :data:`Maybe` inside a coroutine."""
+    if hasattr(value, "addCallback"):
+        return await value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
+
+
+class JobStore(Protocol[RequestT]):
+    """The operations of the job path. See the module docstring for the contract.
+
+    Thread contract: the reactor thread, except :meth:`set_progress` (any thread).
+    """
+
+    #: True when jobs are pulled by replicas (:meth:`claim_next`) rather than pushed.
+    pull: bool
+    #: Whether terminal events of jobs run elsewhere arrive by subscription.
+    shared: bool
+
+    @property
+    def max_queue(self) -> int: ...
+
+    @property
+    def queue_depth(self) -> int:
+        """Admitted, non-terminal jobs (the last value seen, for the gauge)."""
+        ...
+
+    def submit(self, request: RequestT, task_id: str = "") -> Maybe[str | None]:
+        """Admit a pending job; its id, or None when ``max_queue`` jobs are admitted."""
+        ...
+
+    def begin(self, job_id: str) -> Maybe[RequestT | None]:
+        """Push mode: ``pending → running`` and hand out the request payload, or None
+        when the job is no longer pending (already ended)."""
+        ...
+
+    def claim_next(self) -> Maybe[Claim | None]:
+        """Pull mode: the oldest pending job, now running on this replica, or None."""
+        ...
+
+    def terminate(
+        self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
+    ) -> Maybe[bool]:
+        """The one terminal transition (``state`` terminal). False if refused."""
+        ...
+
+    def set_progress(self, job_id: str, step: int, total: int) -> None:
+        """Record a running job's progress (fire and forget; any thread)."""
+        ...
+
+    def snapshot(self, job_id: str) -> Maybe[JobSnapshot | None]: ...
+
+    def take_result(self, job_id: str) -> Maybe[ResultLookup]: ...
+
+    def maintain(self) -> Maybe[int]:
+        """Periodic upkeep: retention (and for a shared store lease renewal, reclaim
+        of jobs whose replica died, time-out of overdue pending jobs). Returns the
+        number of jobs it removed or ended."""
+        ...
+
+    def orphaned_at_shutdown(self) -> Maybe[list[str]]:
+        """Ids of non-terminal jobs that die with this process (the memory store's
+        jobs; none for a shared store, whose jobs outlive a replica)."""
+        ...
+
+    def hand_back(self, job_id: str) -> Maybe[bool]:
+        """Give a job this replica runs back to the queue (graceful stop of a
+        replica). False when the store cannot (memory) or the job is not ours."""
+        ...
