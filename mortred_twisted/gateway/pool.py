@@ -7,36 +7,35 @@ model ports speak a small, known HTTP/1.1, so this client does the minimum:
 * one :class:`UpstreamConnection` (a ``Protocol``) per persistent TCP connection, one
   request in flight on it at a time, kept alive and returned to a per-(host, port)
   idle pool (LIFO, capped at ``max_idle_per_host``) once its response is complete;
-* the request is one ``transport.write`` (head + in-memory body);
-* responses are framed by ``Content-Length`` (what the model server sends), with
-  ``Transfer-Encoding: chunked`` and read-to-close understood as fallbacks; a
-  ``Connection: close`` answer is delivered and its connection is not reused.
+* the request is one write (head + in-memory body, whatever its size);
+* responses are framed by llhttp (``httptools.HttpResponseParser``, lenient flags
+  off): ``Content-Length`` or ``Transfer-Encoding: chunked`` (trailers dropped);
+  the connection is reused only when llhttp says keep-alive. A response framed by
+  the connection's close (no length; the model server never sends one) is a 502.
 
-Contract (the same as :class:`~.upstream.UpstreamClient`, which it wraps for streamed
-bodies): :meth:`LeanUpstreamClient.request` fires with an :class:`UpstreamResponse`
-or fails with :class:`UpstreamUnavailable` (refused/unreachable, 503),
-:class:`UpstreamTimeout` (no complete response within ``recv_timeout_s``, 504),
-:class:`UpstreamTransportError` (connection lost or garbage, 502), or
-``CancelledError`` when the caller cancelled. A cancelled or timed-out request aborts
-its connection: a half-used connection never goes back to the pool. A GET whose
-*reused* connection turns out closed before any byte of the answer is retried once on
-a fresh connection (the server's idle close racing our write).
+Contract: :meth:`LeanUpstreamClient.request` fires with an
+:class:`~.upstream.UpstreamResponse` or fails with :class:`~.upstream.UpstreamUnavailable`
+(refused/unreachable, 503), :class:`~.upstream.UpstreamTimeout` (no complete response
+within ``recv_timeout_s``, 504), :class:`~.upstream.UpstreamTransportError`
+(connection lost, or anything llhttp refuses, or bytes after a complete response,
+502), or ``CancelledError`` when the caller cancelled. A cancelled or timed-out
+request aborts its connection: a half-used connection never goes back to the pool. A
+GET whose *reused* connection turns out closed before any byte of the answer is
+retried once on a fresh connection (the server's idle close racing our write).
 """
 
 from __future__ import annotations
 
 from typing import IO, Any
 
+import httptools
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.python.failure import Failure
-from twisted.web.iweb import IBodyProducer
 
-from mortred_twisted.gateway.transport import eager_write
+from mortred_twisted.gateway.transport import EagerWriter
 from mortred_twisted.gateway.upstream import (
-    STREAM_THRESHOLD,
-    UpstreamClient,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamTransportError,
@@ -50,12 +49,17 @@ _UNAVAILABLE = (
     error.NoRouteError,
 )
 
-#: Largest response head accepted (status line + headers).
+#: Largest response head accepted (header fields), and most bytes read without
+#: progress (a head, chunk-size line or trailer in pieces).
 MAX_HEAD = 64 * 1024
 
 
 class UpstreamProtocolError(Exception):
     """The upstream sent something this client cannot frame."""
+
+
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing."""
 
 
 class RawHeaders:
@@ -86,13 +90,17 @@ class RawHeaders:
 class _Exchange:
     """One request/response on a connection: the caller's Deferred and its parse."""
 
-    __slots__ = ("deferred", "got_bytes", "retry")
+    __slots__ = ("deferred", "got_bytes", "head", "retry")
 
-    def __init__(self, deferred: defer.Deferred[UpstreamResponse], retry: Any) -> None:
+    def __init__(
+        self, deferred: defer.Deferred[UpstreamResponse], retry: Any, head: bool = False
+    ) -> None:
         self.deferred = deferred
         self.got_bytes = False
         #: a zero-argument callable resending on a new connection, or None
         self.retry = retry
+        #: a HEAD request: its response has no body whatever its head says
+        self.head = head
 
 
 class UpstreamConnection(Protocol):
@@ -109,24 +117,32 @@ class UpstreamConnection(Protocol):
         self.exchange: _Exchange | None = None
         self.reused = False
         self.lost = False
+        self._writer: EagerWriter | None = None
+        self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        self._buf = b""
         self._code = 0
         self._headers: list[tuple[bytes, bytes]] | None = None
-        self._length = -1  # -1: unknown (read to close); -2: chunked
-        self._close = False
+        self._pairs: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
+        self._reads = 0
         self._chunks: list[bytes] = []
-        self._have = 0
-        self._cbuf = bytearray()
+        self._done = False  # the response is complete
+        self._keep = False  # llhttp's keep-alive verdict on the complete response
+        self._after = False  # bytes followed the complete response
+        self._problem: str | None = None
+
+    def connectionMade(self) -> None:
+        self._writer = EagerWriter(self.transport)
 
     # -- sending ---------------------------------------------------------------------
 
     def send(self, data: bytes, exchange: _Exchange) -> None:
         self.exchange = exchange
         self._reset()
-        eager_write(self.transport, data)
+        assert self._writer is not None
+        self._writer.write(data)
 
     def abort(self) -> None:
         """Drop the connection now (cancel, deadline): it never returns to the pool."""
@@ -134,6 +150,47 @@ class UpstreamConnection(Protocol):
         self.lost = True
         if self.transport is not None:
             self.transport.abortConnection()
+
+    # -- parser callbacks (llhttp, through httptools) ---------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            self._after = True
+            raise _Stop()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD:
+            self._problem = "response head too large"
+            raise _Stop()
+        if self._headers is None:
+            self._pairs.append((name, value))
+        # else: a trailer field, dropped
+
+    def on_headers_complete(self) -> None:
+        code = self._parser.get_status_code()
+        if code < 200:
+            self._problem = f"unexpected {code} response"
+            raise _Stop()
+        self._code = code
+        self._headers = self._pairs
+        self._reads = 0
+        ex = self.exchange
+        if ex is not None and ex.head:
+            self._done = True
+            self._after = True  # llhttp would wait for the body: never reuse
+            raise _Stop()
+
+    def on_body(self, data: bytes) -> None:
+        self._reads = 0
+        self._chunks.append(data)
+
+    def on_chunk_header(self) -> None:
+        self._reads = 0
+
+    def on_message_complete(self) -> None:
+        self._done = True
+        self._keep = self._parser.should_keep_alive()  # llhttp resets it afterwards
 
     # -- receiving -------------------------------------------------------------------
 
@@ -144,117 +201,39 @@ class UpstreamConnection(Protocol):
             self.abort()
             return
         ex.got_bytes = True
-        if self._headers is None:
-            buf = self._buf + data if self._buf else data
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    self._fail(UpstreamProtocolError("response head too large"))
-                else:
-                    self._buf = buf
-                return
-            self._buf = b""
-            try:
-                self._parse_head(buf[:end])
-            except (ValueError, UpstreamProtocolError) as exc:
-                self._fail(UpstreamProtocolError(f"bad response head: {exc}"))
-                return
-            data = buf[end + 4 :]
-        # Body bytes: collected in a list (linear in the body size, however it is cut).
-        length = self._length
-        if length >= 0:
-            have = self._have + len(data)
-            if have < length:
-                self._chunks.append(data)
-                self._have = have
-                return
-            if have > length:
-                self._fail(UpstreamProtocolError("bytes after the response body"))
-                return
-            if self._chunks:
-                self._chunks.append(data)
-                data = b"".join(self._chunks)
-            self._complete(data)
-            return
-        if length == -2:
-            self._cbuf += data
-            self._chunked()
-            return
-        self._chunks.append(data)  # read to close
+        self._reads += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            pass  # _Stop: the reason is in _done/_after/_problem
+        except httptools.HttpParserError as exc:
+            if not self._done:
+                self._problem = f"bad response: {exc}"
+            self._after = True
+        if self._done:
+            if self._after and not ex.head:
+                self._fail(UpstreamProtocolError("bytes after the response"))
+            else:
+                self._complete(keep=self._keep and not self._after)
+        elif self._problem is not None:
+            self._fail(UpstreamProtocolError(self._problem))
+        elif self._reads > MAX_HEAD + 65536:
+            self._fail(UpstreamProtocolError("response framing too large"))
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        status = lines[0].split(b" ", 2)
-        if len(status) < 2 or not status[0].startswith(b"HTTP/1."):
-            raise UpstreamProtocolError(repr(lines[0][:80]))
-        self._code = code = int(status[1])
-        headers: list[tuple[bytes, bytes]] = []
-        length = -1
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise UpstreamProtocolError("header line without ':'")
-            value = value.strip()
-            lower = name.lower()
-            if lower == b"content-length":
-                length = int(value)
-                if length < 0:
-                    raise UpstreamProtocolError("negative Content-Length")
-            elif lower == b"transfer-encoding":
-                if value.lower() != b"chunked":
-                    raise UpstreamProtocolError(f"transfer-encoding {value!r}")
-                length = -2
-            elif lower == b"connection" and value.lower() == b"close":
-                self._close = True
-            headers.append((name, value))
-        if lines[0].startswith(b"HTTP/1.0"):
-            self._close = True
-        if code == 204 or code == 304 or 100 <= code < 200:
-            length = 0
-        if code < 200:
-            raise UpstreamProtocolError("1xx responses are not expected")
-        if length == -1:
-            self._close = True
-        self._headers = headers
-        self._length = length
-
-    def _chunked(self) -> None:
-        buf = self._cbuf
-        while True:
-            eol = buf.find(b"\r\n")
-            if eol < 0:
-                return
-            try:
-                size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
-            except ValueError:
-                self._fail(UpstreamProtocolError("bad chunk size"))
-                return
-            if size == 0:
-                # Last chunk; no trailers expected: "0\r\n\r\n".
-                if buf.find(b"\r\n\r\n", eol - 2 if eol >= 2 else 0) < 0:
-                    return
-                self._complete(b"".join(self._chunks))
-                return
-            start = eol + 2
-            if len(buf) < start + size + 2:
-                return
-            self._chunks.append(bytes(buf[start : start + size]))
-            del buf[: start + size + 2]
-
-    def _complete(self, body: bytes) -> None:
+    def _complete(self, keep: bool) -> None:
         ex = self.exchange
         assert ex is not None and self._headers is not None
+        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         response = UpstreamResponse(self._code, RawHeaders(self._headers), body)
         self.exchange = None
-        close = self._close
         self._reset()  # an idle connection holds no response bytes
-        if close:
+        if keep:
+            self.reused = True
+            self._on_idle(self)
+        else:
             self.lost = True
             assert self.transport is not None
             self.transport.loseConnection()
-        else:
-            self.reused = True
-            self._on_idle(self)
         ex.deferred.callback(response)
 
     def _fail(self, exc: Exception) -> None:
@@ -269,10 +248,6 @@ class UpstreamConnection(Protocol):
         ex = self.exchange
         self.exchange = None
         if ex is None:
-            return
-        if self._headers is not None and self._length == -1:
-            body = b"".join(self._chunks)
-            ex.deferred.callback(UpstreamResponse(self._code, RawHeaders(self._headers), body))
             return
         if not ex.got_bytes and self.reused and ex.retry is not None:
             ex.retry()
@@ -302,6 +277,7 @@ class _ReadyConnection(UpstreamConnection):
     ready: defer.Deferred[UpstreamConnection] | None = None
 
     def connectionMade(self) -> None:
+        super().connectionMade()
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)  # requests are single writes: never wait for an ACK
@@ -318,6 +294,7 @@ class _Call:
         "_conn",
         "_connecting",
         "_data",
+        "_head",
         "_key",
         "_timed_out",
         "_timer",
@@ -325,16 +302,17 @@ class _Call:
     )  # fmt: skip
 
     def __init__(
-        self, client: LeanUpstreamClient, key: tuple[str, int], data: bytes, retry: bool
+        self, client: LeanUpstreamClient, key: tuple[str, int], data: bytes, method: str
     ) -> None:
         self._client = client
+        self._head = method == "HEAD"
         self._key = key
         self._data = data
         self._conn: UpstreamConnection | None = None
         self._connecting: defer.Deferred[UpstreamConnection] | None = None
         self._timed_out = False
         self.deferred: defer.Deferred[UpstreamResponse] = defer.Deferred(self._cancel)
-        self._start(retry)
+        self._start(method == "GET")
         self._timer = client._clock.callLater(client.recv_timeout_s, self._on_deadline)
         self.deferred.addBoth(self._done)
 
@@ -355,7 +333,8 @@ class _Call:
             conn.abort()
             return
         self._conn = conn
-        conn.send(self._data, _Exchange(self.deferred, self._retry if allow_retry else None))
+        retry = self._retry if allow_retry else None
+        conn.send(self._data, _Exchange(self.deferred, retry, self._head))
 
     def _connect_failed(self, failure: Failure) -> None:
         self._connecting = None
@@ -397,7 +376,6 @@ class LeanUpstreamClient:
     """Forwards a request over pooled keep-alive connections (see module docstring).
 
     :param reactor: ``IReactorTCP`` + ``IReactorTime`` (or a ``MemoryReactorClock``).
-    :param fallback: the Agent-based client used for streamed (large) bodies.
     """
 
     def __init__(
@@ -407,14 +385,12 @@ class LeanUpstreamClient:
         recv_timeout_s: float,
         connect_timeout_s: float = 30.0,
         max_idle_per_host: int = 64,
-        fallback: UpstreamClient | None = None,
     ) -> None:
         self._reactor = reactor
         self._clock: IReactorTime = reactor
         self.recv_timeout_s = recv_timeout_s
         self._connect_timeout = connect_timeout_s
         self.max_idle_per_host = max_idle_per_host
-        self._fallback = fallback
         self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
         self._parsed: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
         self._all: set[UpstreamConnection] = set()
@@ -475,28 +451,21 @@ class LeanUpstreamClient:
 
     # -- requests --------------------------------------------------------------------
 
-    def body_for(self, content: IO[bytes] | None, length: int) -> IBodyProducer | bytes | None:
-        """The body to forward: bytes when small (sent in one write), else a streamed
-        producer (forwarded by the fallback Agent client)."""
+    def body_for(self, content: IO[bytes] | None, length: int) -> bytes | None:
+        """The body to forward, as bytes (sent with the head in one write)."""
         if content is None or length <= 0:
             return None
-        if length <= STREAM_THRESHOLD or self._fallback is None:
-            content.seek(0)
-            return content.read()
-        return self._fallback.body_for(content, length)
+        content.seek(0)
+        return content.read()
 
     def request(
         self,
         method: str,
         url: str,
         headers: dict[bytes, list[bytes]],
-        body: IBodyProducer | bytes | None = None,
+        body: bytes | None = None,
     ) -> defer.Deferred[UpstreamResponse]:
         """Send and read the whole response (see the module docstring for failures)."""
-        if body is not None and not isinstance(body, bytes):
-            if self._fallback is None:
-                raise TypeError("streamed bodies need a fallback client")
-            return self._fallback.request(method, url, headers, body)
         key, host, path = self._split(url)
         parts = [method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
         for name, values in headers.items():
@@ -510,14 +479,12 @@ class LeanUpstreamClient:
             parts.append(b"\r\n")
         data = b"".join(parts)
 
-        return _Call(self, key, data, method == "GET").deferred
+        return _Call(self, key, data, method).deferred
 
     def close(self) -> defer.Deferred[None]:
-        """Close every connection (service shutdown), and the fallback's pool."""
+        """Close every connection (service shutdown)."""
         for conn in list(self._all):
             conn.abort()
         self._all.clear()
         self._idle.clear()
-        if self._fallback is not None:
-            return self._fallback.close()
         return defer.succeed(None)

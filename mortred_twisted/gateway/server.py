@@ -1,38 +1,47 @@
-"""The gateway's HTTP/1.1 server: a lean protocol in place of twisted.web (edge).
+"""The gateway's HTTP/1.1 server: llhttp framing, our connection handling (edge).
 
-Why not twisted.web: per proxied request it parses the head line by line through
-``LineReceiver``, builds a ``Request`` and two ``Headers``, pauses and resumes the
-transport around the request (two ``epoll_ctl``), writes the answer through a dozen
-header writes into a buffered transport (a writer registration and one more reactor
-round before the bytes leave) and fires several Deferreds; on the poll path that was
-about half of the gateway's CPU, and the gateway's CPU is what bounds its
-throughput (``docs/benchmarks.md``). The gateway's decisions all live in
-:meth:`~mortred_twisted.http.gateway.GatewayApp.dispatch`; this module frames
-requests and responses and hands ``dispatch`` a :class:`ProxyRequest` (the subset of
-``IRequest`` it reads and writes).
+Framing (request line, header syntax, ``Content-Length``, chunk sizes and
+extensions, trailers, ``Transfer-Encoding`` placement) is decided by **llhttp**
+through ``httptools`` (the parser of Node.js and uvicorn, fuzzed upstream), with
+every lenient flag off (its default). This module adds what a parser leaves to the
+application (RFC 9112/9110) and the gateway's connection handling; why not
+twisted.web: ``docs/architecture.md`` (it costs about twice the CPU per proxied
+request, and the gateway's CPU bounds its throughput). The gateway's decisions all
+live in :meth:`~mortred_twisted.http.gateway.GatewayApp.dispatch`; this module hands
+it a :class:`ProxyRequest` (the subset of ``IRequest`` it reads and writes).
 
 Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only):
 
-* HTTP/1.1 keep-alive (HTTP/1.0: only with ``Connection: keep-alive``);
-  ``Connection: close`` is honoured and echoed. Pipelined requests are answered in
-  order, one at a time; reading pauses while more than :data:`MAX_PIPELINED` bytes
-  wait behind the request in progress.
-* Request bodies framed by ``Content-Length`` or ``Transfer-Encoding: chunked``
-  (decoded; trailers dropped); both at once, an invalid or conflicting length, or
-  another transfer coding is 400, and the connection closes.
-* A body over ``max_body_bytes`` (declared, or while a chunked body grows) is answered
-  ``413`` as soon as that is known, with ``Connection: close``; no ``100 Continue``
-  is sent, the rest is not read and no route runs. ``Expect: 100-continue`` is
-  otherwise answered ``100 Continue`` once the head is accepted.
-* A head over :data:`MAX_HEAD` bytes is 431; a malformed head is 400 (including a
-  bare CR or LF, a NUL, or a control byte in the target: the forms request
-  smuggling and header injection use); both close. An absolute-form target
-  (``http://host/path``) is served as its path.
-* A connection silent for ``idle_timeout_s`` between requests is closed; a request
-  head still incomplete ``idle_timeout_s`` after its first byte is answered 408 (a
-  client trickling a head byte by byte cannot hold a connection). One sweep every few
-  seconds checks every connection; there is no timer per request. A request in
-  progress (a long ``/wait``) is never timed out here.
+* HTTP/1.1 keep-alive (HTTP/1.0: only with ``Connection: keep-alive``), as llhttp's
+  ``should_keep_alive`` says; ``Connection: close`` is honoured and echoed, and
+  nothing after such a request is read. Pipelined requests are parsed ahead and
+  answered in order, one at a time; reading pauses while more than
+  :data:`MAX_PIPELINED` bytes arrived behind the request in progress.
+* Refused, and the connection closed after the answers to the requests before it
+  (nothing after a refusal is read as a request): anything llhttp rejects (400:
+  a bare CR or LF, NUL or controls in the head, obs-fold, a malformed chunk size or
+  extension, duplicate or malformed ``Content-Length``, ``Content-Length`` with
+  ``Transfer-Encoding``, a ``Transfer-Encoding`` whose last coding is not
+  ``chunked``, an unknown method or version); a version other than 1.0/1.1 (400);
+  HTTP/1.1 without exactly one ``Host`` (400); ``Transfer-Encoding`` on HTTP/1.0
+  (400); a transfer coding other than a lone ``chunked`` (501: we decode none);
+  an ``Expect`` other than ``100-continue`` (417); a target that is not
+  origin-form, ``*`` or an ``http(s)`` absolute form (400); a head over
+  :data:`MAX_HEAD` bytes or :data:`MAX_HEADERS` fields (431). An upgrade request
+  (``Upgrade``, ``CONNECT``) is answered as a plain request, then the connection
+  closes.
+* A body over ``max_body_bytes`` (declared, or while a chunked body grows) is
+  answered ``413`` as soon as that is known, with ``Connection: close``; no
+  ``100 Continue`` is sent, the rest is not read and no route runs. ``Expect:
+  100-continue`` is otherwise answered ``100 Continue`` once the head is accepted
+  and the request is next in line.
+* Deadlines, checked by one sweep every few seconds (no timer per request): a head
+  still incomplete ``idle_timeout_s`` after its first byte, or a body still
+  incomplete ``body_timeout_s`` after its head, is answered 408 (a client
+  trickling bytes cannot hold a connection); a connection silent for
+  ``idle_timeout_s`` between requests is closed. A request in progress (a long
+  ``/wait``) is never timed out here; a request read behind it gets its deadline
+  from the moment it is next in line.
 * A client that goes away while its request is forwarded cancels ``dispatch``'s
   Deferred, which cancels the upstream request.
 * Beyond ``max_connections`` open connections a new one is closed at once.
@@ -46,40 +55,55 @@ from __future__ import annotations
 
 import io
 import json
-import re
+import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 from typing import Protocol as TypingProtocol
 
+import httptools
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES
+from twisted.web.http import RESPONSES, datetimeToString
 
-from mortred_twisted.gateway.transport import eager_write
-from mortred_twisted.http.limits import http_date
+from mortred_twisted.gateway.transport import EagerWriter
 
 log = Logger()
 
-#: Largest request head (request line + headers).
+#: Largest request head (request target + header fields).
 MAX_HEAD = 64 * 1024
-#: Most header lines in one request.
+#: Most header fields in one request.
 MAX_HEADERS = 200
-#: Bytes buffered behind the request in progress before reading pauses.
+#: Bytes read behind the request in progress before reading pauses.
 MAX_PIPELINED = 256 * 1024
 #: Default idle timeout (twisted.web's default too).
 IDLE_TIMEOUT_S = 60.0
+#: Default deadline for a request body once its head arrived.
+BODY_TIMEOUT_S = 60.0
 
-_REASONS = {**RESPONSES, 422: b"Unprocessable Entity", 431: b"Request Header Fields Too Large"}
-#: The token characters (RFC 9110); ``x.translate(None, _TOKEN)`` is empty for a token.
-_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_REASONS = {
+    **RESPONSES,
+    417: b"Expectation Failed",
+    422: b"Unprocessable Entity",
+    431: b"Request Header Fields Too Large",
+}
 _SERVER = b"mortred-gateway"
-#: Bytes never allowed in a request target (controls, space, DEL).
-_BAD_TARGET = re.compile(rb"[\x00-\x20\x7f]")
 _JSON = b"application/json; charset=utf-8"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_date_cache: list[Any] = [0, b""]
+
+
+def http_date() -> bytes:
+    """The ``Date`` header value, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = datetimeToString(now)
+    return bytes(_date_cache[1])
 
 
 class App(TypingProtocol):
@@ -156,7 +180,7 @@ class ProxyRequest:
         self.code = code
 
 
-class BadRequest(Exception):
+class Refusal(Exception):
     """A request the server refuses itself (status, message), then closes."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -205,149 +229,52 @@ def error_response(status: int, message: str) -> bytes:
 
 
 def origin_form(target: bytes) -> bytes:
-    """The path (and query) of an absolute-form request target (``http://h:p/x?q``);
-    raises :class:`BadRequest` for anything else that is not origin-form."""
+    """The path (and query) of a request target: itself in origin-form (``/x?q``) or
+    ``*``, the path of an ``http(s)`` absolute form (``http://h:p/x?q``); raises
+    :class:`Refusal` for anything else (authority form, other schemes)."""
+    if target[:1] == b"/" or target == b"*":
+        return target
     scheme, sep, rest = target.partition(b"://")
     if not sep or scheme.lower() not in (b"http", b"https"):
-        raise BadRequest(400, "malformed request target")
+        raise Refusal(400, "malformed request target")
     cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=-1)
     if cut < 0:
         return b"/"
     return rest[cut:] if rest[cut : cut + 1] == b"/" else b"/" + rest[cut:]
 
 
-def parse_head(head: bytes) -> tuple[ProxyRequest, int, bool, bool]:
-    """(request, body length, chunked, expects 100-continue) of a request head
-    (without its final blank line); raises :class:`BadRequest`."""
-    lines = head.split(b"\r\n")
-    breaks = len(lines) - 1
-    if head.count(b"\n") != breaks or head.count(b"\r") != breaks or b"\0" in head:
-        # A bare CR or LF is where request smuggling and header injection start.
-        raise BadRequest(400, "bare CR, LF or NUL in the request head")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        raise BadRequest(400, "malformed request line")
-    method, uri, proto = parts
-    if proto != b"HTTP/1.1" and proto != b"HTTP/1.0":
-        raise BadRequest(400, "unsupported HTTP version")
-    if method.translate(None, _TOKEN) or _BAD_TARGET.search(uri) is not None:
-        raise BadRequest(400, "malformed request line")
-    if uri[:1] != b"/" and uri != b"*":
-        uri = origin_form(uri)
-    if len(lines) > MAX_HEADERS + 1:
-        raise BadRequest(431, "too many header lines")
-    headers = HeaderMap()
+def check_head(version: str, headers: HeaderMap) -> bool:
+    """Apply the rules llhttp leaves to the application to an accepted head; returns
+    whether the client expects ``100 Continue``. Raises :class:`Refusal`."""
     items = headers._items
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name.translate(None, _TOKEN):
-            raise BadRequest(400, "malformed header line")
-        low = name.lower()
-        item = items.get(low)
-        if item is None:
-            items[low] = (name, [value.strip(b" \t")])
-        else:
-            item[1].append(value.strip(b" \t"))
-    length = 0
-    chunked = False
+    if version == "1.1":
+        host = items.get(b"host")
+        if host is None or len(host[1]) != 1:
+            raise Refusal(400, "HTTP/1.1 request without exactly one Host header")
+    elif version != "1.0":
+        raise Refusal(400, "unsupported HTTP version")
     te = items.get(b"transfer-encoding")
-    cl = items.get(b"content-length")
     if te is not None:
-        if cl is not None:
-            raise BadRequest(400, "both Content-Length and Transfer-Encoding")
-        if [v.lower() for v in te[1]] != [b"chunked"]:
-            raise BadRequest(400, "unsupported Transfer-Encoding")
-        chunked = True
-    elif cl is not None:
-        values = {v.strip() for raw in cl[1] for v in raw.split(b",")}
-        if len(values) != 1:
-            raise BadRequest(400, "conflicting Content-Length")
-        value = values.pop().strip()
-        if not value.isdigit():
-            raise BadRequest(400, "invalid Content-Length")
-        length = int(value)
-    conn = items.get(b"connection")
-    tokens = {t.strip().lower() for v in conn[1] for t in v.split(b",")} if conn else set()
-    # HTTP/1.1 keeps the connection unless told to close; HTTP/1.0 only when asked.
-    keep_alive = b"close" not in tokens if proto == b"HTTP/1.1" else b"keep-alive" in tokens
+        if version == "1.0":
+            raise Refusal(400, "Transfer-Encoding in an HTTP/1.0 request")
+        codings = [c.strip().lower() for v in te[1] for c in v.split(b",")]
+        if codings[-1] != b"chunked":  # the length cannot be known (RFC 9112 6.3)
+            raise Refusal(400, "Transfer-Encoding without a final chunked")
+        if len(codings) != 1:
+            raise Refusal(501, "unsupported Transfer-Encoding (only chunked)")
     expect = items.get(b"expect")
-    continue_ = (
-        expect is not None
-        and proto == b"HTTP/1.1"
-        and expect[1][-1].lower() == b"100-continue"
-        and (chunked or length > 0)
-    )
-    return ProxyRequest(method, uri, proto, headers, keep_alive), length, chunked, continue_
+    if expect is None:
+        return False
+    if len(expect[1]) != 1 or expect[1][0].lower() != b"100-continue":
+        raise Refusal(417, "unsupported Expect (only 100-continue)")
+    return version == "1.1"
 
 
-class ChunkedBody:
-    """Incremental ``Transfer-Encoding: chunked`` decoder with a size limit."""
-
-    __slots__ = ("_buf", "_chunks", "_limit", "_size", "done")
-
-    def __init__(self, limit: int) -> None:
-        self._buf = bytearray()
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._limit = limit
-        self.done = False
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def feed(self, data: bytes) -> bytes:
-        """Consume ``data``; returns the bytes after the body once :attr:`done`.
-        Raises :class:`BadRequest` (400, or 413 past the limit)."""
-        buf = self._buf
-        buf += data
-        while True:
-            eol = buf.find(b"\r\n")
-            if eol < 0:
-                if len(buf) > 4096:
-                    raise BadRequest(400, "malformed chunk size line")
-                return b""
-            try:
-                size = int(bytes(buf[:eol]).split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise BadRequest(400, "malformed chunk size line") from None
-            if size < 0:
-                raise BadRequest(400, "malformed chunk size line")
-            if size == 0:
-                # Optional trailers (dropped), then an empty line.
-                pos = eol + 2
-                if len(buf) < pos + 2:
-                    return b""
-                if buf[pos : pos + 2] == b"\r\n":
-                    end = pos + 2
-                else:
-                    found = buf.find(b"\r\n\r\n", pos)
-                    if found < 0:
-                        if len(buf) - pos > MAX_HEAD:
-                            raise BadRequest(431, "chunked trailers too large")
-                        return b""
-                    end = found + 4
-                self.done = True
-                rest = bytes(buf[end:])
-                buf.clear()
-                return rest
-            if self._size + size > self._limit:
-                self._size += size
-                raise BadRequest(413, "too large")
-            start = eol + 2
-            if len(buf) < start + size + 2:
-                return b""
-            if buf[start + size : start + size + 2] != b"\r\n":
-                raise BadRequest(400, "malformed chunk")
-            self._chunks.append(bytes(buf[start : start + size]))
-            self._size += size
-            del buf[: start + size + 2]
-
-    def body(self) -> bytes:
-        return b"".join(self._chunks)
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing (the reason is on the connection)."""
 
 
-_HEAD, _BODY, _CHUNKED, _BUSY, _CLOSED = range(5)
+_REFUSED = object()  # queue marker: answer self._refusal, then close
 
 
 class GatewayConnection(Protocol):
@@ -355,133 +282,175 @@ class GatewayConnection(Protocol):
 
     def __init__(self, factory: GatewayServerFactory) -> None:
         self.factory = factory
-        self._state = _HEAD
-        self._buf = b""
+        self._parser = httptools.HttpRequestParser(self)
+        self._writer: EagerWriter | None = None
+        #: complete requests (request, body) not yet dispatched, or _REFUSED
+        self._queue: deque[Any] = deque()
+        self._busy = False  # a request was dispatched and is not answered yet
+        self._stopped = False  # nothing more is parsed (refusal, close, upgrade)
+        self._closed = False
+        self._refusal: Refusal | None = None
+        # the message being parsed
+        self._in_message = False
+        self._in_head = False
+        self._url = b""
+        self._headers = HeaderMap()
+        self._head_size = 0
+        #: bytes read since the message began or last made progress (see dataReceived)
+        self._reads = 0
         self._request: ProxyRequest | None = None
-        self._need = 0  # _BODY: bytes of body still to read
         self._parts: list[bytes] = []
-        self._chunked: ChunkedBody | None = None
+        self._body_size = 0
+        self._continue = False  # the message being read awaits 100 Continue
+        #: when the message being parsed started its current phase (head or body)
+        self._since = 0.0
         self._pending: defer.Deferred[bytes] | None = None
         self._advancing = False
+        self._backlog = 0
         self._paused = False
-        self.last_active = 0.0
-        #: when the first bytes of a still incomplete head arrived (None: no such head)
-        self.head_since: float | None = None
         self._draining = False
+        self.last_active = 0.0
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
+        self._writer = EagerWriter(self.transport)
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)  # answers are single writes: never wait for an ACK
 
+    # -- parser callbacks (llhttp, through httptools) ---------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = self._in_head = True
+        self._url = b""
+        self._headers = HeaderMap()
+        self._head_size = self._reads = 0
+        self._since = self.factory.clock.seconds()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url  # llhttp may hand the target over in pieces
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD:
+            self._stop(Refusal(431, "request head too large"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        items = self._headers._items
+        if self._head_size > MAX_HEAD or len(items) >= MAX_HEADERS:
+            self._stop(Refusal(431, "request head too large"))
+        if not self._in_head:
+            return  # a chunked body's trailer field: counted, never a header
+        low = name.lower()
+        item = items.get(low)
+        if item is None:
+            items[low] = (name, [value.strip(b" \t")])
+        else:
+            item[1].append(value.strip(b" \t"))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        self._in_head = False
+        self._reads = 0
+        version = parser.get_http_version()
+        headers = self._headers
+        try:
+            continue_ = check_head(version, headers)
+            uri = origin_form(self._url)
+        except Refusal as exc:
+            self._stop(exc)
+        proto = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
+        request = ProxyRequest(parser.get_method(), uri, proto, headers, parser.should_keep_alive())
+        cl = headers._items.get(b"content-length")
+        length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
+        factory = self.factory
+        if length > factory.max_body_bytes:
+            self._stop(Refusal(413, factory.too_large_message))
+        self._request = request
+        self._parts = []
+        self._body_size = 0
+        self._since = factory.clock.seconds()
+        self._continue = continue_ and (length > 0 or b"transfer-encoding" in headers._items)
+        if self._continue and not self._busy and not self._queue:
+            self._send_continue()
+
+    def on_chunk_header(self) -> None:
+        self._reads = 0
+
+    def on_chunk_complete(self) -> None:
+        self._reads = 0
+
+    def on_body(self, data: bytes) -> None:
+        self._reads = 0
+        self._body_size += len(data)
+        if self._body_size > self.factory.max_body_bytes:
+            self._stop(Refusal(413, self.factory.too_large_message))
+        self._parts.append(data)
+
+    def on_message_complete(self) -> None:
+        request = self._request
+        assert request is not None
+        parts = self._parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._queue.append((request, body))
+        self._request = None
+        self._parts = []
+        self._in_message = self._continue = False
+        if not request.keep_alive:
+            self._stopped = True  # nothing after "Connection: close" is a request
+            raise _Stop()
+
+    def _stop(self, refusal: Refusal) -> NoReturn:
+        """Queue ``refusal`` (answered after the requests before it) and stop parsing."""
+        self._refusal = refusal
+        self._queue.append(_REFUSED)
+        self._stopped = True
+        raise _Stop()
+
     # -- reading ---------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        state = self._state
-        if state == _CLOSED:
-            return
+        if self._stopped:
+            return  # after a refusal or a close, nothing is read as a request
         self.last_active = self.factory.clock.seconds()
-        if state == _BUSY:
-            self._buf += data
-            if len(self._buf) > MAX_PIPELINED and not self._paused:
+        if self._in_message:
+            # Bytes with no progress (a head, a chunk-size line or a trailer in
+            # pieces): bounded below, as httptools keeps a partial field in memory.
+            self._reads += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Upgrade or CONNECT: the request is answered as a plain one, and the
+            # bytes after it are never read as HTTP.
+            self._stopped = True
+            if self._queue and self._queue[-1] is not _REFUSED:
+                self._queue[-1][0].keep_alive = False
+        except httptools.HttpParserCallbackError:
+            if not self._stopped:  # pragma: no cover - a bug in a callback
+                log.failure("parser callback failed")
+                self._refusal = Refusal(400, "malformed request")
+                self._queue.append(_REFUSED)
+                self._stopped = True
+        except httptools.HttpParserError as exc:
+            self._refusal = Refusal(400, f"malformed request: {exc}")
+            self._queue.append(_REFUSED)
+            self._stopped = True
+        if self._in_message and not self._stopped and self._reads > MAX_HEAD:
+            what = "request head" if self._in_head else "chunk framing or trailer"
+            self._refusal = Refusal(431, f"{what} too large")
+            self._queue.append(_REFUSED)
+            self._stopped = True
+        if self._busy:
+            self._backlog += len(data)
+            if self._backlog > MAX_PIPELINED and not self._paused:
                 self._paused = True
                 self.transport.pauseProducing()
             return
-        self._buf = self._buf + data if self._buf else data
-        self._advance()
+        self._next()
 
-    def _advance(self) -> None:
-        """Parse and dispatch while buffered bytes allow and no request is in progress."""
-        if self._advancing:
-            return
-        self._advancing = True
-        try:
-            while self._step():
-                pass
-        finally:
-            self._advancing = False
-
-    def _step(self) -> bool:
-        """One parsing step; False when more bytes (or the answer) are needed."""
-        state = self._state
-        buf = self._buf
-        if state == _HEAD:
-            if not buf:
-                return False
-            if buf.startswith(b"\r\n"):  # stray CRLFs between requests are allowed
-                self._buf = buf.lstrip(b"\r\n")
-                return bool(self._buf)
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    self._refuse(431, "request head too large")
-                elif self.head_since is None:
-                    self.head_since = self.factory.clock.seconds()
-                return False
-            self.head_since = None
-            if end > MAX_HEAD:
-                self._refuse(431, "request head too large")
-                return False
-            self._buf = buf[end + 4 :]
-            try:
-                request, length, chunked, continue_ = parse_head(buf[:end])
-            except BadRequest as exc:
-                self._refuse(exc.status, exc.message)
-                return False
-            limit = self.factory.max_body_bytes
-            if length > limit:
-                self._refuse(413, self.factory.too_large_message)
-                return False
-            self._request = request
-            if continue_:
-                eager_write(self.transport, b"HTTP/1.1 100 Continue\r\n\r\n")
-            if chunked:
-                self._chunked = ChunkedBody(limit)
-                self._state = _CHUNKED
-            elif length:
-                self._need = length
-                self._parts = []
-                self._state = _BODY
-            else:
-                self._dispatch(request, b"")
-            return True
-        if state == _BODY:
-            if not buf:
-                return False
-            need = self._need
-            if len(buf) < need:
-                self._parts.append(buf)
-                self._need = need - len(buf)
-                self._buf = b""
-                return False
-            self._parts.append(buf[:need])
-            self._buf = buf[need:]
-            body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-            self._parts = []
-            assert self._request is not None
-            self._dispatch(self._request, body)
-            return True
-        if state == _CHUNKED:
-            if not buf:
-                return False
-            decoder = self._chunked
-            assert decoder is not None
-            self._buf = b""
-            try:
-                rest = decoder.feed(buf)
-            except BadRequest as exc:
-                message = self.factory.too_large_message if exc.status == 413 else exc.message
-                self._refuse(exc.status, message)
-                return False
-            if not decoder.done:
-                return False
-            self._buf = rest
-            self._chunked = None
-            assert self._request is not None
-            self._dispatch(self._request, decoder.body())
-            return True
-        return False  # _BUSY or _CLOSED
+    def _send_continue(self) -> None:
+        self._continue = False
+        assert self._writer is not None
+        self._writer.write(_CONTINUE)
 
     def _peer(self) -> str:
         try:
@@ -491,8 +460,34 @@ class GatewayConnection(Protocol):
 
     # -- dispatching and answering ---------------------------------------------------
 
+    def _next(self, answered: bool = False) -> None:
+        """Dispatch the next queued request (or refusal) when none is in progress;
+        ``answered``: called because the request in progress was just answered."""
+        if self._advancing:
+            return  # an answer given synchronously, inside the loop below
+        self._advancing = True
+        try:
+            while not self._busy and self._queue and not self._closed:
+                item = self._queue.popleft()
+                if item is _REFUSED:
+                    assert self._refusal is not None
+                    self._refuse(self._refusal.status, self._refusal.message)
+                    return
+                self._dispatch(*item)
+        finally:
+            self._advancing = False
+        if not self._busy and not self._closed:
+            if self._paused:
+                self._paused = False
+                self.transport.resumeProducing()
+            self._backlog = 0
+            if answered and self._in_message:  # read behind an answer: deadline from now
+                self._since = self.factory.clock.seconds()
+                if self._continue and not self._stopped:
+                    self._send_continue()
+
     def _dispatch(self, request: ProxyRequest, body: bytes) -> None:
-        self._state = _BUSY
+        self._busy = True
         if body:
             request.content = io.BytesIO(body)
         try:
@@ -511,27 +506,23 @@ class GatewayConnection(Protocol):
 
     def _answer(self, body: bytes, request: ProxyRequest) -> None:
         self._pending = None
-        if self._state == _CLOSED:
+        if self._closed:
             return
         close = not request.keep_alive or self._draining
-        eager_write(self.transport, encode_response(request, body, close))
+        assert self._writer is not None
+        self._writer.write(encode_response(request, body, close))
         if self.factory.access_log:
             self.factory.log_access(self._peer(), request, len(body))
-        self._request = None
+        self._busy = False
         if close:
             self._close()
             return
-        self._state = _HEAD
         self.last_active = self.factory.clock.seconds()
-        if self._paused:
-            self._paused = False
-            self.transport.resumeProducing()
-        if self._buf:
-            self._advance()
+        self._next(answered=True)
 
     def _failed(self, failure: Failure, request: ProxyRequest) -> None:
         self._pending = None
-        if failure.check(defer.CancelledError) or self._state == _CLOSED:
+        if failure.check(defer.CancelledError) or self._closed:
             return
         log.failure("unhandled error in {path}", failure, path=request.path)
         self._internal_error(request)
@@ -544,42 +535,47 @@ class GatewayConnection(Protocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer a request the server itself refuses, and close."""
-        eager_write(self.transport, error_response(status, message))
+        assert self._writer is not None
+        self._writer.write(error_response(status, message))
         self.factory.refused(status)
         self._close()
 
     def _close(self) -> None:
-        self._state = _CLOSED
-        self._buf = b""
+        self._closed = self._stopped = True
+        self._busy = False
+        self._queue.clear()
         self._parts = []
-        self._chunked = None
         self.transport.loseConnection()
 
     def drain(self) -> None:
         """Stop keeping this connection alive (shutdown): closed now when it waits
         for a request, else after the answer to the request in progress or being
         read (with ``Connection: close``)."""
-        if self._state == _CLOSED:
+        if self._closed:
             return
-        if self._state == _HEAD and not self._buf:
+        if not self._busy and not self._queue and not self._in_message:
             self._close()
             return
         self._draining = True
 
-    def expire(self, before: float) -> None:
-        """The factory's sweep: a head begun before ``before`` and still incomplete is
-        answered 408; a connection silent since before ``before`` between requests is
-        closed. A request in progress is left alone."""
-        state = self._state
-        if state in (_BUSY, _CLOSED):
+    def expire(self, before: float, body_before: float) -> None:
+        """The factory's sweep: a head begun before ``before`` or a body begun before
+        ``body_before``, still incomplete, is answered 408; a connection silent since
+        before ``before`` between requests is closed. A request in progress, and
+        what is read behind it, is left alone."""
+        if self._closed or self._busy or self._queue:
             return
-        if state == _HEAD and self.head_since is not None and self.head_since < before:
-            self._refuse(408, "request head not received in time")
+        if self._in_message:
+            if self._since < (before if self._in_head else body_before):
+                what = "head" if self._in_head else "body"
+                self._stopped = True
+                self._refuse(408, f"request {what} not received in time")
         elif self.last_active < before:
             self._close()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
-        self._state = _CLOSED
+        self._closed = self._stopped = True
+        self._queue.clear()
         self.factory.forget(self)
         pending, self._pending = self._pending, None
         if pending is not None and not pending.called:
@@ -588,7 +584,7 @@ class GatewayConnection(Protocol):
 
 class GatewayServerFactory(Factory):
     """Builds :class:`GatewayConnection` s for ``app``; owns the connection cap and
-    the idle sweep. ``clock`` is the reactor (``task.Clock`` in tests)."""
+    the deadline sweep. ``clock`` is the reactor (``task.Clock`` in tests)."""
 
     noisy = False
 
@@ -600,6 +596,7 @@ class GatewayServerFactory(Factory):
         max_body_bytes: int,
         max_connections: int = 0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
         access_log: bool = False,
         on_refused: Callable[[int], None] | None = None,
     ) -> None:
@@ -608,6 +605,7 @@ class GatewayServerFactory(Factory):
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.access_log = access_log
         self.too_large_message = f"request entity too large (limit {max_body_bytes} bytes)"
         self._on_refused = on_refused
@@ -667,16 +665,18 @@ class GatewayServerFactory(Factory):
         )
 
     def sweep(self) -> None:
-        """Expire connections idle, or slow to send a head, for ``idle_timeout_s``."""
-        before = self.clock.seconds() - self.idle_timeout_s
+        """Expire connections idle, or slow to send a head or a body."""
+        now = self.clock.seconds()
+        before, body_before = now - self.idle_timeout_s, now - self.body_timeout_s
         for conn in list(self.connections):
-            conn.expire(before)
+            conn.expire(before, body_before)
 
     def startFactory(self) -> None:
         if self.idle_timeout_s > 0 and self._sweeper is None:
+            period = min(5.0, self.idle_timeout_s / 2, self.body_timeout_s / 2)
             self._sweeper = LoopingCall(self.sweep)
             self._sweeper.clock = self.clock
-            self._sweeper.start(min(5.0, self.idle_timeout_s / 2), now=False)
+            self._sweeper.start(period, now=False)
 
     def stopFactory(self) -> None:
         if self._sweeper is not None and self._sweeper.running:

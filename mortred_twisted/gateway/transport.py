@@ -1,7 +1,8 @@
 """Writing to a plain TCP transport without a reactor round (edge, reactor thread).
 
 Shared by the gateway's two sides (the client-facing server and the upstream pool),
-which both send each message in one write.
+which both send each message in one write. Public Twisted API only: the socket from
+``ITCPTransport.getHandle()``, and ``connected`` / ``disconnecting`` / ``producer``.
 """
 
 from __future__ import annotations
@@ -10,29 +11,41 @@ from typing import Any
 
 from twisted.internet import tcp
 
-#: Transports whose socket :func:`eager_write` may use directly (not TLS, not tests').
+#: Transports whose socket :class:`EagerWriter` may use directly (not TLS, not tests').
 _PLAIN_TCP = (tcp.Client, tcp.Server)
 
 
-def eager_write(transport: Any, data: bytes) -> None:
-    """``transport.write(data)``, but sent on the socket now when the transport is a
-    plain idle TCP connection: saves the writer registration (two ``epoll_ctl``) and a
-    reactor round before the bytes leave. Whatever the socket does not take at once,
-    and any error, goes through ``transport.write`` (Twisted then reports the error as
-    a lost connection)."""
-    if (
-        type(transport) in _PLAIN_TCP
-        and transport.connected
-        and not transport.disconnecting
-        and not transport.dataBuffer
-        and not transport._tempDataBuffer
-        and transport.producer is None
-    ):
-        try:
-            sent = transport.socket.send(data)
-        except OSError:
-            sent = 0
-        if sent == len(data):
-            return
-        data = data[sent:]
-    transport.write(data)
+class EagerWriter:
+    """``transport.write``, but sent on the socket at once while nothing is queued.
+
+    Saves the writer registration (two ``epoll_ctl``) and a reactor round before the
+    bytes leave. The writer must be the only one writing to ``transport``: whatever
+    the socket does not take at once (and any error) goes through
+    ``transport.write``, and from then on every write does, so bytes never overtake
+    the ones Twisted holds (Twisted reports a send error as a lost connection).
+    """
+
+    __slots__ = ("_socket", "_transport")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._socket = transport.getHandle() if type(transport) in _PLAIN_TCP else None
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        sock = self._socket
+        if (
+            sock is not None
+            and transport.connected
+            and not transport.disconnecting
+            and transport.producer is None
+        ):
+            try:
+                sent = sock.send(data)
+            except OSError:
+                sent = 0
+            if sent == len(data):
+                return
+            self._socket = None  # Twisted holds bytes now: it writes all the rest
+            data = data[sent:]
+        transport.write(data)

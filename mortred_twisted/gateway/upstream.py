@@ -1,10 +1,9 @@
-"""The Agent-based upstream client: a persistent connection pool to the model ports.
+"""The upstream failure types, and the Agent-based client the supervisor's proxy uses.
 
-The gateway's hot path uses :class:`~mortred_twisted.gateway.pool.LeanUpstreamClient`
-(same contract, ~4x less CPU), which hands streamed (large) bodies to this client; the
-supervisor's infer proxy uses this one directly. Reactor thread only. It owns the
-``HTTPConnectionPool`` (``maxPersistentPerHost`` raised from the default 2) and maps
-failures to the gateway's status codes in one place:
+The gateway forwards with :class:`~mortred_twisted.gateway.pool.LeanUpstreamClient`
+(same contract, ~4x less CPU); the supervisor's try-it proxy uses
+:class:`UpstreamClient` (a ``twisted.web.client.Agent``, public API only). Reactor
+thread only. Failures map to the gateway's status codes in one place:
 
 * connection refused / host unreachable / connect timeout → :class:`UpstreamUnavailable` (503)
 * the response did not complete within ``recv_timeout_s`` → :class:`UpstreamTimeout` (504)
@@ -17,34 +16,22 @@ Why the bare ``Agent`` and not ``treq.HTTPClient.request`` for forwarding: treq 
 same Agent and pool underneath, but per request it re-normalizes the URL through
 hyperlink/IDNA, keeps one cookie jar for every client (a model's ``Set-Cookie`` would
 leak between callers), follows redirects and wraps a gzip decoder (a proxy must pass
-3xx and encodings through); together that cost ~0.3 ms per call on the poll path.
-Tests drive the same code with ``treq.testing.RequestTraversalAgent``; the supervisor's
-probes use treq.
+3xx and encodings through). Tests drive the same code with
+``treq.testing.RequestTraversalAgent``; the supervisor's probes use treq.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from twisted.internet import defer, error
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import Cooperator
-from twisted.web.client import (
-    Agent,
-    FileBodyProducer,
-    HTTPConnectionPool,
-    _HTTP11ClientFactory,
-    readBody,
-)
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.web.client import HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
-
-#: Bodies up to this size are sent from memory in one write; larger ones are streamed
-#: from the request's content file by a FileBodyProducer.
-STREAM_THRESHOLD = 64 * 1024
 
 
 class UpstreamError(Exception):
@@ -112,12 +99,6 @@ _UNAVAILABLE = (
 )
 
 
-class _QuietFactory(_HTTP11ClientFactory):
-    """No "Starting/Stopping factory" log line per upstream connection."""
-
-    noisy = False
-
-
 def _cancelled(failure: Any) -> bool:
     """True for a cancellation, bare or wrapped the way the Agent reports it
     (``ResponseNeverReceived([CancelledError])`` and friends)."""
@@ -127,46 +108,33 @@ def _cancelled(failure: Any) -> bool:
     return any(r.check(defer.CancelledError) for r in reasons)
 
 
+@implementer(IStreamClientEndpoint)
+class _QuietEndpoint:
+    """An endpoint whose connections' factories do not log "Starting factory"."""
+
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+        self._endpoint = endpoint
+
+    def connect(self, protocolFactory: Any) -> defer.Deferred[Any]:
+        protocolFactory.noisy = False
+        return self._endpoint.connect(protocolFactory)
+
+    def __repr__(self) -> str:
+        return repr(self._endpoint)
+
+
+class QuietPool(HTTPConnectionPool):
+    """An ``HTTPConnectionPool`` that does not log every connection it opens (through
+    its public ``getConnection``: each new connection's factory gets
+    ``noisy = False``)."""
+
+    def getConnection(self, key: Hashable, endpoint: IStreamClientEndpoint) -> Any:
+        return super().getConnection(key, _QuietEndpoint(endpoint))
+
+
 def quiet_pool(reactor: Any, *, persistent: bool = True) -> HTTPConnectionPool:
-    """An ``HTTPConnectionPool`` that does not log every connection it opens."""
-    pool = HTTPConnectionPool(reactor, persistent=persistent)
-    pool._factory = _QuietFactory  # type: ignore[attr-defined]
-    return pool
-
-
-@implementer(IAgentEndpointFactory)
-class LoopbackEndpoints:
-    """Plain TCP endpoints per (host, port), built once.
-
-    The default factory makes a ``HostnameEndpoint`` for every request, which runs the
-    host through IDNA each time (~0.1 ms); model hosts are IP literals or ``localhost``.
-    """
-
-    def __init__(self, reactor: Any, connect_timeout_s: float) -> None:
-        self._reactor = reactor
-        self._timeout = connect_timeout_s
-        self._cache: dict[tuple[bytes, int], Any] = {}
-
-    def endpointForURI(self, uri: Any) -> Any:
-        key = (uri.host, uri.port)
-        endpoint = self._cache.get(key)
-        if endpoint is None:
-            host = uri.host.decode("ascii").strip("[]")
-            kind = TCP6ClientEndpoint if ":" in host else TCP4ClientEndpoint
-            endpoint = kind(self._reactor, host, uri.port, timeout=self._timeout)
-            self._cache[key] = endpoint
-        return endpoint
-
-
-def make_agent(
-    reactor: Any, *, max_persistent_per_host: int = 64, connect_timeout_s: float = 30.0
-) -> tuple[Agent, HTTPConnectionPool]:
-    """An Agent over a persistent pool bound to ``reactor``."""
-    pool = quiet_pool(reactor)
-    pool.maxPersistentPerHost = max_persistent_per_host
-    pool.cachedConnectionTimeout = 120
-    endpoints = LoopbackEndpoints(reactor, connect_timeout_s)
-    return Agent.usingEndpointFactory(reactor, endpoints, pool=pool), pool
+    """A :class:`QuietPool`."""
+    return QuietPool(reactor, persistent=persistent)
 
 
 class UpstreamClient:
@@ -189,19 +157,6 @@ class UpstreamClient:
         self._clock = clock
         self._pool = pool
         self.recv_timeout_s = recv_timeout_s
-        self._cooperator = Cooperator(scheduler=lambda f: clock.callLater(0, f))
-
-    def body_for(self, content: IO[bytes] | None, length: int) -> IBodyProducer | None:
-        """A producer for a request body: from memory when small, else streamed."""
-        if content is None or length <= 0:
-            return None
-        content.seek(0)
-        if length <= STREAM_THRESHOLD:
-            return BytesProducer(content.read())
-        producer = FileBodyProducer(content, cooperator=self._cooperator)
-        if producer.length is UNKNOWN_LENGTH:  # pragma: no cover - files are seekable
-            producer.length = length
-        return producer
 
     def request(
         self,

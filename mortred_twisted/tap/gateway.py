@@ -34,10 +34,9 @@ from mortred_twisted.gateway.access import AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.gateway.pool import LeanUpstreamClient
-from mortred_twisted.gateway.ratelimit import RateLimiter
 from mortred_twisted.gateway.server import GatewayServerFactory
-from mortred_twisted.gateway.upstream import UpstreamClient, make_agent
 from mortred_twisted.http.gateway import GatewayApp
+from mortred_twisted.http.ratelimit import RateLimiter
 
 log = Logger()
 
@@ -51,14 +50,18 @@ class Options(usage.Options):
         ["port", "p", None, "Listen port (overrides [gateway] port; 0 = any free)."],
         ["api-keys", None, None, "API key file (overrides [gateway] api_keys)."],
         ["grace", None, "5", "Seconds requests in progress may take to finish on SIGTERM."],
+        ["body-timeout", None, "60", "Seconds a request body may take once its head arrived."],
     ]
     optFlags = [["access-log", None, "Log every request (costs throughput)."]]
 
     def postOptions(self) -> None:
-        try:
-            self["grace"] = float(self["grace"])
-        except ValueError:
-            raise usage.UsageError("--grace must be a number of seconds") from None
+        for name in ("grace", "body-timeout"):
+            try:
+                self[name] = float(self[name])
+            except ValueError:
+                raise usage.UsageError(f"--{name} must be a number of seconds") from None
+        if self["body-timeout"] <= 0:
+            raise usage.UsageError("--body-timeout must be positive")
         if self["grace"] < 0:
             raise usage.UsageError("--grace must be >= 0")
         if self["port"] is not None:
@@ -166,20 +169,11 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     )
     if policy.open:
         log.warn("gateway is OPEN: no MORTRED_GATEWAY_AUTH_TOKEN and no API keys (loopback)")
-    agent, pool = make_agent(
-        reactor,
-        max_persistent_per_host=gw.max_persistent_per_host,
-        connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
-    )
-    recv_timeout_s = gw.upstream_recv_timeout_ms / 1000.0
-    # The lean pooled client forwards everything but large (streamed) bodies, which
-    # go through the Agent.
     upstream = LeanUpstreamClient(
         reactor,
-        recv_timeout_s=recv_timeout_s,
+        recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0,
         connect_timeout_s=gw.upstream_send_timeout_ms / 1000.0,
         max_idle_per_host=gw.max_persistent_per_host,
-        fallback=UpstreamClient(agent, reactor, recv_timeout_s=recv_timeout_s, pool=pool),
     )
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))
@@ -191,13 +185,15 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         metrics=metrics,
         internal_token=env.get("MORTRED_INTERNAL_TOKEN", ""),
     )
-    # The lean HTTP/1.1 server (gateway/server.py), not twisted.web: per request it
-    # costs about half the CPU, and the gateway's CPU bounds its throughput.
+    # Our HTTP/1.1 connection handling on llhttp (gateway/server.py), not twisted.web:
+    # per request it costs about half the CPU, and the gateway's CPU bounds its
+    # throughput.
     server = GatewayServerFactory(
         app,
         clock=reactor,
         max_body_bytes=gw.request_size_limit_bytes,
         max_connections=gw.max_connections,
+        body_timeout_s=options["body-timeout"],
         access_log=bool(options["access-log"]),
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
     )

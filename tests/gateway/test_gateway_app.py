@@ -1,4 +1,6 @@
-"""The gateway edge end to end in memory: StubTreq → GatewayApp → StubTreq → fake model."""
+"""The gateway as production pairs it, in memory: raw HTTP/1.1 bytes → the gateway's
+server (gateway/server.py) → GatewayApp → the lean upstream pool (gateway/pool.py) →
+twisted.web serving a fake model, over iosim loopback connections."""
 
 from __future__ import annotations
 
@@ -6,37 +8,96 @@ import json
 from typing import Any
 
 import pytest
-from treq.testing import RequestTraversalAgent, StubTreq
-from twisted.internet import defer
-from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.task import Clock
+from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseNeverReceived
+from twisted.test import iosim
+from twisted.web.http_headers import Headers
+from twisted.web.server import Site
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.gateway.access import AccessPolicy
 from mortred_twisted.gateway.apikeys import ApiKey, KeyRing, hash_key
-from mortred_twisted.gateway.ratelimit import RateLimiter
-from mortred_twisted.gateway.upstream import UpstreamClient
+from mortred_twisted.gateway.pool import LeanUpstreamClient
+from mortred_twisted.gateway.server import GatewayServerFactory
 from mortred_twisted.http.gateway import GatewayApp
+from mortred_twisted.http.ratelimit import RateLimiter
 
 from .fakes import FakeModel
-
-# The in-memory transport of RequestTraversalAgent has no abortConnection.
-pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport")
 
 TOKEN = "gw-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Harness:
-    def __init__(
+class Response:
+    """One parsed answer of the gateway (``code``, ``headers`` as twisted ``Headers``)."""
+
+    def __init__(self, code: int, headers: Headers) -> None:
+        self.code = code
+        self.headers = headers
+
+
+def parse_response(raw: bytes) -> tuple[Response, bytes, bytes] | None:
+    """(response, body, rest) of the first complete answer in ``raw`` (the gateway
+    always sends a Content-Length), or None while it is incomplete."""
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    status_line, *lines = head.split(b"\r\n")
+    headers = Headers()
+    for line in lines:
+        name, _, value = line.partition(b": ")
+        headers.addRawHeader(name, value)
+    length = int((headers.getRawHeaders(b"content-length") or [b"0"])[0])
+    if len(rest) < length:
+        return None
+    return Response(int(status_line.split(b" ")[1]), headers), rest[:length], rest[length:]
+
+
+class Client:
+    """One client connection to the gateway's server (a StringTransport)."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.proto = harness.server.buildProtocol(IPv4Address("TCP", "10.0.0.9", 4444))
+        self.transport = StringTransport()
+        self.proto.makeConnection(self.transport)
+
+    def send(
         self,
-        upstream_http: Any = None,
-        keys: list[ApiKey] | None = None,
-        recv_timeout_s: float = 5.0,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
     ) -> None:
-        self.clock = Clock()
+        lines = [f"{method} {path} HTTP/1.1", "Host: gw"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if data is not None:
+            lines.append(f"Content-Length: {len(data)}")
+        self.proto.dataReceived(("\r\n".join(lines) + "\r\n\r\n").encode() + (data or b""))
+        self.harness.flush()
+
+    def answer(self) -> tuple[Response, bytes] | None:
+        parsed = parse_response(self.transport.value())
+        if parsed is None:
+            return None
+        response, body, rest = parsed
+        self.transport.clear()
+        self.transport.write(rest)
+        return response, body
+
+
+class Harness:
+    """Gateway server + GatewayApp + lean pool, connected in memory to two fake
+    models (twisted.web ``Site`` s). ``upstream``: "ok", "refuse" (connections
+    refused) or "reset" (connections lost before any answer)."""
+
+    def __init__(
+        self, keys: list[ApiKey] | None = None, recv_timeout_s: float = 5.0, upstream: str = "ok"
+    ) -> None:
+        self.clock = MemoryReactorClock()
         self.model = FakeModel()
         self.sync = FakeModel(server_uri="/mortred/sync/infer", async_enabled=False)
         catalog = Catalog(
@@ -49,20 +110,14 @@ class Harness:
                 ),
             ]
         )
-        self.up_async = RequestTraversalAgent(self.model.resource())
-        self.up_sync = RequestTraversalAgent(self.sync.resource())
-        harness = self
-
-        class Router:
-            """Dispatches to the fake by host, like the pool would by address."""
-
-            def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
-                if upstream_http is not None:
-                    return upstream_http.request(method, url, *a, **kw)
-                stub = harness.up_sync if b"127.0.0.2" in url else harness.up_async
-                return stub.request(method, url, *a, **kw)
-
-        self.upstream = UpstreamClient(Router(), self.clock, recv_timeout_s=recv_timeout_s)
+        self.sites = {
+            ("127.0.0.1", 18100): Site(self.model.resource(), reactor=self.clock, timeout=None),
+            ("127.0.0.2", 18101): Site(self.sync.resource(), reactor=self.clock, timeout=None),
+        }
+        self.mode = upstream
+        self._accepted = 0
+        self.pumps: list[iosim.IOPump] = []
+        self.upstream = LeanUpstreamClient(self.clock, recv_timeout_s=recv_timeout_s)
         self.policy = AccessPolicy(
             static_token=TOKEN, keys=KeyRing(keys or []), limiter=RateLimiter(self.clock.seconds)
         )
@@ -74,30 +129,45 @@ class Harness:
             internal_token="internal",
             request_id=lambda: "generated-id",
         )
-        self.client = StubTreq(self.app.resource())
+        self.server = GatewayServerFactory(self.app, clock=self.clock, max_body_bytes=1 << 20)
+        self.client = StubTreq(self.app.resource())  # twisted.web serving the same app
 
     def flush(self) -> None:
-        for _ in range(3):
-            self.up_async.flush()
-            self.up_sync.flush()
+        """Complete pending upstream connects, then move bytes until nothing moves."""
+        for _ in range(10):
+            while self._accepted < len(self.clock.tcpClients):
+                host, port, factory, _t, _b = self.clock.tcpClients[self._accepted]
+                self._accepted += 1
+                if self.mode == "refuse":
+                    factory.clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+                    continue
+                client = factory.buildProtocol(None)
+                if self.mode == "reset":
+                    client.makeConnection(StringTransport())
+                    client.connectionLost(Failure(ConnectionLost("reset by peer")))
+                    continue
+                server = self.sites[(host, port)].buildProtocol(None)
+                server_io = iosim.FakeTransport(server, isServer=True)
+                client_io = iosim.FakeTransport(client, isServer=False)
+                self.pumps.append(iosim.connect(server, server_io, client, client_io))
+            moved = any([pump.pump() for pump in self.pumps])
             self.client.flush()
+            if not moved and self._accepted == len(self.clock.tcpClients):
+                return
 
-    def call(self, method: str, path: str, **kw: Any) -> tuple[Any, bytes]:
-        d = self.client.request(method, "http://gw" + path, **kw)
-        self.flush()
-        response = self.successResultOf(d)
-        body_d = response.content()
-        self.flush()
-        return response, self.successResultOf(body_d)
-
-    @staticmethod
-    def successResultOf(d: defer.Deferred[Any]) -> Any:
-        results: list[Any] = []
-        d.addBoth(results.append)
-        assert results, "deferred has not fired"
-        if isinstance(results[0], Exception) or hasattr(results[0], "raiseException"):
-            results[0].raiseException()
-        return results[0]
+    def call(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+    ) -> tuple[Response, bytes]:
+        """One request on a fresh client connection; its complete answer."""
+        client = Client(self)
+        client.send(method, path, headers, data)
+        answer = client.answer()
+        assert answer is not None, "no complete answer"
+        return answer
 
 
 def test_healthz_is_public() -> None:
@@ -160,12 +230,14 @@ def test_statuses_pass_through() -> None:
 def test_wait_query_forwarded() -> None:
     """…/wait?timeout=N reaches the model as /jobs/<id>/wait?timeout=N."""
     h = Harness()
-    d = h.client.get("http://gw/v1/models/ASYNC/jobs/job_known/wait?timeout=200", headers=AUTH)
-    h.flush()
+    client = Client(h)
+    client.send("GET", "/v1/models/ASYNC/jobs/job_known/wait?timeout=200", AUTH)
     assert h.model.seen[-1].path == "/jobs/job_known/wait?timeout=200"
+    assert client.answer() is None
     h.model.waits[-1].callback(b'{"state":"done"}')
     h.flush()
-    assert h.successResultOf(d).code == 200
+    answer = client.answer()
+    assert answer is not None and answer[0].code == 200 and answer[1] == b'{"state":"done"}'
 
 
 def test_auth_errors() -> None:
@@ -228,51 +300,10 @@ def test_reload_keys_replaces_ring() -> None:
     )
 
 
-class HangsThenWrappedCancel:
-    """Like the real Agent: a cancelled request fails with ResponseNeverReceived."""
-
-    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
-        def cancel(d: defer.Deferred[Any]) -> None:
-            d.errback(ResponseNeverReceived([Failure(defer.CancelledError())]))
-
-        return defer.Deferred(cancel)
-
-
-def test_wrapped_cancel_is_a_cancel_not_502() -> None:
-    """A cancel reported as ResponseNeverReceived([CancelledError]) stays a cancel."""
-    h = Harness(upstream_http=HangsThenWrappedCancel())
-    d = h.upstream.request("GET", "http://127.0.0.1:18100/jobs/x/wait", {})
-    failures: list[Any] = []
-    d.addErrback(failures.append)
-    d.cancel()
-    assert failures[0].check(defer.CancelledError)
-
-
-def test_wrapped_cancel_on_deadline_is_504() -> None:
-    """The same wrapped cancel caused by the receive deadline is a 504."""
-    h = Harness(upstream_http=HangsThenWrappedCancel(), recv_timeout_s=1)
-    r: list[Any] = []
-    h.client.get("http://gw/v1/models/ASYNC/jobs/job_known", headers=AUTH).addBoth(r.append)
-    h.flush()
-    h.clock.advance(1)
-    h.flush()
-    assert r[0].code == 504
-
-
-class Refusing:
-    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
-        return defer.fail(ConnectionRefusedError("refused"))
-
-
-class Broken:
-    def request(self, method: bytes, url: bytes, *a: Any, **kw: Any) -> Any:
-        return defer.fail(RuntimeError("connection reset"))
-
-
-@pytest.mark.parametrize(("http", "status"), [(Refusing(), 503), (Broken(), 502)])
-def test_upstream_failures(http: Any, status: int) -> None:
-    """Refused → 503 (model not running); other transport failures → 502."""
-    h = Harness(upstream_http=http)
+@pytest.mark.parametrize(("mode", "status"), [("refuse", 503), ("reset", 502)])
+def test_upstream_failures(mode: str, status: int) -> None:
+    """Refused → 503 (model not running); a connection lost before the answer → 502."""
+    h = Harness(upstream=mode)
     r, b = h.call("GET", "/v1/models/ASYNC/jobs/job_known", headers=AUTH)
     assert r.code == status and "ASYNC" in json.loads(b)["error"]
 
@@ -280,35 +311,52 @@ def test_upstream_failures(http: Any, status: int) -> None:
 def test_upstream_slower_than_recv_timeout_is_504() -> None:
     """A wait that outlives upstream_recv_timeout_ms is cut with 504 and cancelled upstream."""
     h = Harness(recv_timeout_s=2.0)
-    d = h.client.get("http://gw/v1/models/ASYNC/jobs/job_known/wait?timeout=120000", headers=AUTH)
-    results: list[Any] = []
-    d.addBoth(results.append)
-    h.flush()
-    assert results == [] and len(h.model.waits) == 1
+    client = Client(h)
+    client.send("GET", "/v1/models/ASYNC/jobs/job_known/wait?timeout=120000", AUTH)
+    assert client.answer() is None and len(h.model.waits) == 1
     h.clock.advance(2.0)
     h.flush()
-    assert results[0].code == 504
+    answer = client.answer()
+    assert answer is not None and answer[0].code == 504
     assert h.model.cancelled == ["job_known"]
 
 
 def test_client_disconnect_cancels_upstream() -> None:
-    """Cancelling the gateway's forward (Klein does it on disconnect) cancels the upstream wait."""
+    """A client that goes away mid-/wait cancels the model's wait (the upstream
+    connection is dropped) and leaves no timer behind."""
     h = Harness()
-    forwarded: list[defer.Deferred[Any]] = []
-    real = h.upstream.request
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        d = real(*a, **kw)
-        forwarded.append(d)
-        return d
-
-    h.upstream.request = spy  # type: ignore[method-assign]
-    h.client.get("http://gw/v1/models/ASYNC/jobs/job_known/wait", headers=AUTH)
+    client = Client(h)
+    client.send("GET", "/v1/models/ASYNC/jobs/job_known/wait", AUTH)
+    assert len(h.model.waits) == 1 and h.model.cancelled == []
+    client.proto.connectionLost(Failure(ConnectionLost("client went away")))
     h.flush()
-    assert len(forwarded) == 1
-    forwarded[0].cancel()
-    forwarded[0].addErrback(lambda f: None)
-    assert forwarded[0].called and not h.clock.getDelayedCalls()
+    assert h.model.cancelled == ["job_known"]
+    assert h.upstream.idle_count("127.0.0.1", 18100) == 0
+    assert not h.clock.getDelayedCalls()
+
+
+def test_pipelined_requests_through_the_pool_answer_in_order() -> None:
+    """Two requests in one read on one client connection: answered in order, the
+    upstream connection reused for the second."""
+    h = Harness()
+    client = Client(h)
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    one = b"GET /v1/models/ASYNC/jobs/job_known HTTP/1.1\r\nHost: gw\r\n" + auth + b"\r\n"
+    two = b"GET /v1/models/ASYNC/jobs/job_nope HTTP/1.1\r\nHost: gw\r\n" + auth + b"\r\n"
+    client.proto.dataReceived(one + two)
+    h.flush()
+    first, second = client.answer(), client.answer()
+    assert first is not None and second is not None
+    assert (first[0].code, second[0].code) == (200, 404)
+    assert len(h.clock.tcpClients) == 1 and h.upstream.idle_count("127.0.0.1", 18100) == 1
+
+
+def test_large_body_reaches_the_model_whole() -> None:
+    """A body far over one socket write goes through server and pool intact."""
+    h = Harness()
+    body = b'{"images":["' + b"A" * 300_000 + b'"]}'
+    r, _ = h.call("POST", "/v1/models/ASYNC/jobs", headers=AUTH, data=body)
+    assert r.code == 202 and h.model.seen[-1].body == body
 
 
 def test_metrics_counts_routes() -> None:
@@ -342,19 +390,28 @@ ALIKE_CALLS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def test_fast_resource_and_klein_answer_alike() -> None:
-    """GatewayResource (served) and the Klein resource give the same status, headers
-    and body for hot routes, errors, health and auth failures."""
-    from treq.testing import StubTreq as Stub
+def resource_call(h: Harness, client: Any, method: str, path: str, **kw: Any) -> tuple[Any, bytes]:
+    """One request through twisted.web serving the app (StubTreq); (response, body)."""
+    got: list[Any] = []
+    d = client.request(method, "http://gw" + path, **kw)
+    d.addCallback(lambda r: client.content(r).addCallback(lambda b: got.append((r, b))))
+    for _ in range(3):
+        h.flush()
+        client.flush()
+    assert got, "no answer"
+    return got[0]
 
+
+def test_fast_resource_and_klein_answer_alike() -> None:
+    """GatewayResource and the Klein resource give the same status, headers and body
+    for hot routes, errors, health and auth failures."""
     answers = []
     for klein in (False, True):
         h = Harness()
-        if klein:
-            h.client = Stub(h.app.klein_resource())
+        client = StubTreq(h.app.klein_resource()) if klein else h.client
         seen = []
         for method, path, kw in ALIKE_CALLS:
-            r, body = h.call(method, path, **kw)
+            r, body = resource_call(h, client, method, path, **kw)
             headers = {
                 k.lower(): v
                 for k, v in r.headers.getAllRawHeaders()
@@ -370,17 +427,7 @@ def raw_call(h: Harness, lean: bool, method: str, path: str,
              ) -> tuple[int, dict[bytes, list[bytes]], bytes]:  # fmt: skip
     """One request in memory through the served lean server (gateway/server.py), or
     through twisted.web serving ``GatewayResource``: (status, headers, body)."""
-    from twisted.internet.address import IPv4Address
-    from twisted.internet.testing import StringTransport
-    from twisted.web.server import Site
-
-    from mortred_twisted.gateway.server import GatewayServerFactory
-
-    factory: Any = (
-        GatewayServerFactory(h.app, clock=h.clock, max_body_bytes=1 << 20)
-        if lean
-        else Site(h.app.resource())
-    )
+    factory: Any = h.server if lean else Site(h.app.resource(), reactor=h.clock, timeout=None)
     proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
     transport = StringTransport()
     proto.makeConnection(transport)

@@ -1,4 +1,4 @@
-"""The lean pooled upstream client, driven over MemoryReactorClock + StringTransport."""
+"""The lean pooled upstream client (llhttp framing), over MemoryReactorClock + StringTransport."""
 
 from __future__ import annotations
 
@@ -224,9 +224,9 @@ def test_gateway_copies_raw_headers_from_the_lean_client() -> None:
     from mortred_twisted.gateway.access import AccessPolicy
     from mortred_twisted.gateway.apikeys import KeyRing
     from mortred_twisted.gateway.pool import RawHeaders
-    from mortred_twisted.gateway.ratelimit import RateLimiter
     from mortred_twisted.gateway.upstream import UpstreamResponse
     from mortred_twisted.http.gateway import GatewayApp
+    from mortred_twisted.http.ratelimit import RateLimiter
 
     class Fake:
         def body_for(self, content: Any, length: int) -> bytes:
@@ -289,8 +289,9 @@ def test_body_in_many_pieces_and_chunked_across_boundaries() -> None:
     assert out[0].body == body and n.client.idle_count("127.0.0.1", 18100) == 1
 
 
-def test_read_to_close_body() -> None:
-    """No Content-Length and no chunking: the body ends with the connection."""
+def test_read_to_close_body_is_502() -> None:
+    """A response framed by the connection's close (no length) is refused: llhttp
+    cannot tell it from a cut one through httptools, and model ports never send it."""
     n = Net()
     _, out = n.get()
     proto, _ = n.accept()
@@ -298,8 +299,65 @@ def test_read_to_close_body() -> None:
     proto.dataReceived(b"part2")
     assert out == []
     proto.connectionLost(Failure(ConnectionDone()))
-    assert out[0].code == 200 and out[0].body == b"part1-part2"
+    assert isinstance(out[0].value, UpstreamTransportError)
     assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;x\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: a\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n",
+    ],
+)
+def test_ambiguous_responses_are_502(answer: bytes) -> None:
+    """llhttp frames responses too: bad chunk sizes, CL+TE, differing lengths,
+    obs-fold, bare LF, 1xx and oversize heads are a 502 and the connection is dropped."""
+    n = Net()
+    _, out = n.get()
+    proto, transport = n.accept()
+    proto.dataReceived(answer)
+    assert isinstance(out[0].value, UpstreamTransportError) and transport.disconnecting
+    assert n.client.idle_count("127.0.0.1", 18100) == 0
+
+
+def test_head_response_has_no_body_and_is_not_pooled() -> None:
+    """A HEAD answer ends with its head whatever its Content-Length says."""
+    n = Net()
+    d = n.client.request("HEAD", URL, {})
+    out: list[Any] = []
+    d.addBoth(out.append)
+    proto, transport = n.accept()
+    proto.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n")
+    assert out[0].code == 200 and out[0].body == b"" and transport.disconnecting
+
+
+def test_trailers_are_dropped() -> None:
+    """A chunked answer's trailer fields never become response headers."""
+    n = Net()
+    _, out = n.get()
+    proto, _ = n.accept()
+    proto.dataReceived(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: 1\r\n\r\n"
+    )
+    assert out[0].body == b"a" and out[0].headers.getRawHeaders(b"x-t") is None
+    assert n.client.idle_count("127.0.0.1", 18100) == 1
+
+
+def test_large_body_is_one_write() -> None:
+    """Bodies of any size go with the head in one write (no Agent fallback)."""
+    n = Net()
+    body = b"x" * (1 << 20)
+    n.client.request("POST", "http://127.0.0.1:18100/jobs", {}, body)
+    _, transport = n.accept()
+    assert transport.value().endswith(b"content-length: %d\r\n\r\n" % len(body) + body)
 
 
 def test_extra_bytes_after_body_are_502() -> None:
