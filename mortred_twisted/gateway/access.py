@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mortred_twisted.gateway.apikeys import KeyRing
-from mortred_twisted.gateway.ratelimit import RateLimiter
 from mortred_twisted.http.auth import bearer_token, is_loopback_host, token_matches
+from mortred_twisted.http.ratelimit import RateLimiter
 
 INFERENCE = "inference"
 METRICS = "metrics"

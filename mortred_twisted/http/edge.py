@@ -6,10 +6,16 @@ auth, the POST pre-checks (401 → 415 → 413, and the header-time 413 answer t
 keeps 405 → 401 → 415 → 413), readiness, per-client rate limits, envelope parsing
 plus model validation, and per-request metrics. :class:`ModelServerApp` adds the
 routes. Thread contract: reactor thread only.
+
+Every JSON answer carries ``X-Request-ID``: the ``req_id`` its body names (sync
+envelopes, ``/result``), else the request's own ``X-Request-ID``, else a fresh
+``req_…`` id; written through :func:`~mortred_twisted.http.framing.header_value`, so a
+non-ASCII id cannot break the head (it is percent-encoded).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections.abc import Callable
@@ -20,16 +26,19 @@ from twisted.web.iweb import IRequest
 
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
-from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
-from mortred_twisted.http.envelope import parse_envelope, render_error
+from mortred_twisted.http.auth import (
+    CLIENT_IP_HEADER,
+    WWW_AUTHENTICATE,
+    bearer_token,
+    token_matches,
+)
+from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
 from mortred_twisted.http.errors import ApiError, to_api_error
-from mortred_twisted.http.limits import EarlyResponse
+from mortred_twisted.http.framing import REASONS, EarlyResponse, header_value
 from mortred_twisted.http.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
 JSON_TYPE = b"application/json; charset=utf-8"
-#: Reason phrases twisted.web does not know.
-REASONS: dict[int, bytes] = {422: b"Unprocessable Entity", 429: b"Too Many Requests"}
 
 
 def json_bytes(doc: Any) -> bytes:
@@ -72,12 +81,10 @@ class EdgeBase:
             elapsed_ms = (time.perf_counter() - request.mortred_started) * 1000.0
             self.runtime.metrics.http.record(label, request.code, elapsed_ms)
 
-    @staticmethod
-    def _headers(request: IRequest, req_id: str | None) -> None:
+    def _headers(self, request: IRequest, req_id: str | None) -> None:
         request.setHeader(b"Content-Type", JSON_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
-        if req_id:
-            request.setHeader(b"X-Request-ID", req_id.encode("utf-8", "replace"))
+        request.setHeader(b"X-Request-ID", header_value(req_id or self._request_id(request)))
 
     def _respond(
         self,
@@ -91,7 +98,7 @@ class EdgeBase:
         self._headers(request, req_id)
         request.setHeader(b"Content-Length", str(len(body)).encode())
         for name, value in (headers or {}).items():
-            request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+            request.setHeader(name.encode("ascii"), header_value(value))
         return body
 
     def _envelope_error(self, request: IRequest, err: ApiError, req_id: str) -> bytes:
@@ -111,6 +118,15 @@ class EdgeBase:
     def _request_id_header(self, request: IRequest) -> str | None:
         raw = self._header(request, b"x-request-id")
         return raw.decode("utf-8", "replace")[:256] if raw else None
+
+    def _request_id(self, request: IRequest) -> str:
+        """The request's ``X-Request-ID``, else a fresh ``req_…`` id (kept on the
+        request so every use in one answer agrees)."""
+        rid = getattr(request, "mortred_request_id", None)
+        if rid is None:
+            rid = self._request_id_header(request) or new_request_id()
+            request.mortred_request_id = rid  # type: ignore[attr-defined]
+        return rid
 
     def _auth_error(self, headers: Headers) -> ApiError | None:
         if self._token is None:
@@ -161,14 +177,12 @@ class EdgeBase:
         if err is None:
             err = self._too_large()
         rid_raw = headers.getRawHeaders(b"x-request-id", [b""])[0]
-        req_id = rid_raw.decode("utf-8", "replace")
+        req_id = rid_raw.decode("utf-8", "replace")[:256] or new_request_id()
         if is_job_route:
             body = json_bytes({"error": err.message, "code": err.code})
         else:
             body = render_error(req_id, err.code, err.message)
-        hdrs = dict(err.headers)
-        if req_id:
-            hdrs["X-Request-ID"] = req_id
+        hdrs = {**err.headers, "X-Request-ID": req_id}
         return EarlyResponse(err.http_status, body, hdrs)
 
     def _not_ready(self) -> ApiError:
@@ -176,12 +190,26 @@ class EdgeBase:
         detail = f": {rt.load_error}" if rt.load_error else ""
         return ApiError(E.NOT_READY, f"model not ready ({rt.readiness.value}){detail}")
 
+    def client_ip(self, request: IRequest) -> str:
+        """The client's address for per-client limits: the peer's, unless this server
+        has a token and the request names the client in ``X-Mortred-Client-IP`` (set
+        by the gateway, which authenticates with the internal token; a request that
+        reached this point on such a server carried the token). Without a token the
+        header is ignored, so a client cannot pick its own bucket."""
+        if self._token is not None:
+            named = self._header(request, CLIENT_IP_HEADER)
+            if named:
+                try:
+                    return str(ipaddress.ip_address(named.decode("ascii").strip()))
+                except (UnicodeDecodeError, ValueError):
+                    pass
+        return str(getattr(request.getClientAddress(), "host", "unknown"))
+
     def _rate_limited(self, request: IRequest) -> ApiError | None:
         if self._rate_limiter is None:
             return None
-        client = request.getClientAddress()
-        retry = self._rate_limiter.check(getattr(client, "host", "unknown"))
-        if retry == 0:
+        retry = self._rate_limiter.acquire(self.client_ip(request), self.config.rate_limit_qps)
+        if retry is None:
             return None
         return ApiError(
             E.TOO_MANY_REQUESTS,
@@ -191,7 +219,7 @@ class EdgeBase:
 
     def _parse_and_validate(self, request: IRequest):
         """400 → 503 → 422: parse the envelope and let the model validate params."""
-        parsed = parse_envelope(request.content.read(), self._request_id_header(request))
+        parsed = parse_envelope(request.content.read(), self._request_id(request))
         rt = self.runtime
         if not rt.ready or rt.validator is None:
             raise self._not_ready()
@@ -207,7 +235,7 @@ class EdgeBase:
         err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
         if request.path.startswith(b"/jobs"):
             return self._job_error(request, err)
-        return self._envelope_error(request, err, self._request_id_header(request) or "")
+        return self._envelope_error(request, err, self._request_id(request))
 
     def _not_found(self, request: IRequest, failure: Any) -> bytes:
         path = request.path.decode("latin-1")

@@ -150,7 +150,7 @@ class ModelServerApp(EdgeBase):
     # -- sync inference ---------------------------------------------------------------
 
     def infer(self, request: IRequest) -> Any:
-        req_id = self._request_id_header(request) or ""
+        req_id = self._request_id(request)
         err = self._post_prechecks(request)
         if err is not None:
             return self._envelope_error(request, err, req_id)
@@ -191,7 +191,7 @@ class ModelServerApp(EdgeBase):
         return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
 
     def submit_job(self, request: IRequest) -> bytes:
-        req_id = self._request_id_header(request) or ""
+        req_id = self._request_id(request)
         err = self._jobs_disabled() or self._post_prechecks(request)
         if err is not None:
             return self._job_error(request, err, req_id)

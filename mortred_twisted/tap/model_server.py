@@ -103,6 +103,8 @@ class ModelServerService(Service):
             access_log=self._access_log,
             on_finished=self.app.record_request,
             max_connections=cfg.max_connections,
+            read_timeout_s=cfg.request_read_timeout / 1000.0,
+            reactor=self._reactor,
         )
         self._site = site
         host = cfg.host.replace(":", "\\:")
@@ -210,7 +212,7 @@ def build_service(
     )  # fmt: skip
     threads.setServiceParent(top)
     runtime = ModelRuntime(config, clock=reactor, threads=threads, metrics=ServerMetrics())
-    limiter = RateLimiter(config.rate_limit_qps) if config.rate_limit_qps > 0 else None
+    limiter = RateLimiter(reactor.seconds) if config.rate_limit_qps > 0 else None
     app = ModelServerApp(runtime, rate_limiter=limiter)
     server = ModelServerService(
         runtime, app, reactor=reactor, grace_s=grace_s, access_log=access_log

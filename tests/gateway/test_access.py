@@ -13,7 +13,7 @@ from mortred_twisted.gateway.access import (
     check_startup,
 )
 from mortred_twisted.gateway.apikeys import ApiKey, KeyRing, hash_key, load_keys, parse_keys
-from mortred_twisted.gateway.ratelimit import RateLimiter
+from mortred_twisted.http.ratelimit import RateLimiter
 
 
 def policy(

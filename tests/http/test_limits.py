@@ -1,5 +1,5 @@
 """LimitedSite (the model server's Site): 413 right after the headers, a connection
-cap, and no resource traversal for a root that matches paths itself."""
+cap, a read deadline (408), and the safe encoding of echoed header values."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web.resource import Resource
 
+from mortred_twisted.http.framing import header_value
 from mortred_twisted.http.limits import EarlyResponse, LimitedSite
 
 
@@ -25,11 +27,15 @@ class Recorder(Resource):
         return b"ok"
 
 
-def site_for(root: Resource, max_connections: int = 0) -> LimitedSite:
+def site_for(root: Resource, max_connections: int = 0, clock: Clock | None = None) -> LimitedSite:
     def too_large(method: bytes, path: bytes, headers: Any, length: int) -> EarlyResponse:
-        return EarlyResponse(413, json.dumps({"error": f"too large: {length}"}).encode())
+        body = json.dumps({"error": f"too large: {length}", "path": path.decode()}).encode()
+        return EarlyResponse(413, body, {"X-Request-ID": "☃"})
 
-    return LimitedSite(root, 10, too_large, max_connections=max_connections)
+    return LimitedSite(
+        root, 10, too_large, max_connections=max_connections, read_timeout_s=5,
+        reactor=clock or Clock(),
+    )  # fmt: skip
 
 
 def connect(site: LimitedSite) -> tuple[Any, StringTransport]:
@@ -48,7 +54,8 @@ def test_content_length_over_limit_is_413_before_body() -> None:
     )
     out = transport.value()
     assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
-    assert out.endswith(b'{"error": "too large: 11"}')
+    assert out.endswith(b'{"error": "too large: 11", "path": "/x"}')
+    assert b"\r\nX-Request-ID: %E2%98%83\r\n" in out and b"\r\nConnection: close\r\n" in out
     assert transport.disconnecting and res.calls == 0
 
 
@@ -80,25 +87,28 @@ def test_connection_cap() -> None:
     assert site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5557)) is not None
 
 
-class PathMatcher(Recorder):
-    """A leaf root that matches paths itself (like the model server's FastRoutes)."""
+def test_a_slow_request_is_408_and_a_quick_one_is_not() -> None:
+    """A body still incomplete read_timeout_s after the request's first byte gets 408 and
+    the connection closes; a request that is complete in time is served."""
+    res, clock = Recorder(), Clock()
+    proto, transport = connect(site_for(res, clock=clock))
+    proto.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nab")
+    clock.advance(4.9)
+    proto.dataReceived(b"c")
+    assert transport.value() == b"" and not transport.disconnecting
+    clock.advance(0.2)
+    assert transport.value().startswith(b"HTTP/1.1 408 ") and transport.disconnecting
+    assert res.calls == 0
+    proto, transport = connect(site_for(res, clock=clock))
+    proto.dataReceived(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+    clock.advance(10)
+    assert transport.value().startswith(b"HTTP/1.1 200 ") and not transport.disconnecting
 
-    matches_paths_itself = True
 
-    def render(self, request: Any) -> bytes:
-        self.calls += 1
-        self.postpath = list(request.postpath)
-        return b"ok:" + request.path
-
-
-def test_leaf_root_skips_traversal_with_the_same_answer() -> None:
-    """A root that matches paths itself is rendered directly, with Server and Date
-    set as twisted.web does; other roots still get their postpath."""
-    for root, postpath in ((PathMatcher(), []), (Recorder(), None)):
-        proto, transport = connect(site_for(root))
-        proto.dataReceived(b"GET /a%2Fb/c HTTP/1.1\r\nHost: h\r\n\r\n")
-        out = transport.value()
-        assert out.startswith(b"HTTP/1.1 200 OK\r\n") and root.calls == 1
-        assert b"\r\nServer: TwistedWeb/" in out and b"\r\nDate: " in out and b" GMT\r\n" in out
-        if postpath is not None:
-            assert out.endswith(b"ok:/a%2Fb/c") and root.postpath == postpath  # type: ignore[attr-defined]
+def test_header_value_keeps_visible_ascii_and_escapes_the_rest() -> None:
+    """Visible ASCII ids are echoed as they are; anything else is percent-encoded UTF-8,
+    so no id can raise while encoding or split the head."""
+    assert header_value("req_1-A.b~") == b"req_1-A.b~"
+    assert header_value("☃") == b"%E2%98%83"
+    assert header_value("a\r\nSet-Cookie: x") == b"a%0D%0ASet-Cookie: x"
+    assert header_value("50% é") == b"50%25 %C3%A9"

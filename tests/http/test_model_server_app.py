@@ -41,11 +41,17 @@ def make_app(
     return app, clock, threads, StubTreq(app.resource())
 
 
-def call(stub: StubTreq, method: str, url: str, body: Any = None) -> tuple[int, Any, Any]:
-    kwargs: dict[str, Any] = {}
+def call(
+    stub: StubTreq,
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, Any]:
+    kwargs: dict[str, Any] = {"headers": dict(headers or {})}
     if body is not None:
         kwargs["data"] = json.dumps(body).encode()
-        kwargs["headers"] = {"Content-Type": "application/json"}
+        kwargs["headers"]["Content-Type"] = "application/json"
     d = stub.request(method, "http://x" + url, **kwargs)
     stub.flush()
     responses: list = []
@@ -196,7 +202,8 @@ def test_not_ready_server_answers_503() -> None:
 
 
 def test_fast_routes_and_klein_answer_identically() -> None:
-    """The hand-dispatched hot routes give the same status and body as Klein's routing."""
+    """The hand-dispatched hot routes give the same status, headers and body as Klein's
+    routing."""
     app, clock, threads, fast = make_app()
     klein = StubTreq(app.klein_resource())
     _c, _h, doc = call(fast, "POST", "/jobs", {"images": [IMG], "req_id": "same"})
@@ -213,10 +220,15 @@ def test_fast_routes_and_klein_answer_identically() -> None:
         ("POST", "/infer", {"images": []}),
         ("POST", "/jobs", {"nope": 1}),
     ]:
-        fast_answer = call(fast, method, url, body)
-        klein_answer = call(klein, method, url, body)
+        rid = {"X-Request-ID": "eq-1"}
+        fast_answer = call(fast, method, url, body, rid)
+        klein_answer = call(klein, method, url, body, rid)
         assert fast_answer[0] == klein_answer[0], url
         assert fast_answer[2] == klein_answer[2], url
+        fast_headers = dict(fast_answer[1].getAllRawHeaders())
+        klein_headers = dict(klein_answer[1].getAllRawHeaders())
+        fast_headers.pop(b"Date"), klein_headers.pop(b"Date")
+        assert fast_headers == klein_headers, url
 
 
 def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
