@@ -1,4 +1,4 @@
-"""Contract tests of the four diffusion families over tiny random weights."""
+"""Contract tests of the four diffusion models over tiny random diffusers pipelines."""
 
 from __future__ import annotations
 
@@ -17,14 +17,10 @@ from mortred_twisted.models.base import (
     RunCancelled,
     RunContext,
 )
+from mortred_twisted.models.diffusion.schedulers import NAMES
 
 FAMILIES = ["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
-STEP_PARAM = {
-    "DDPM": "timesteps",
-    "DDIM": "sample_steps",
-    "CLS_COND_DDIM": "sample_steps",
-    "LDM": "sample_steps",
-}
+DEFAULT_SCHEDULER = {"DDPM": "ddpm", "DDIM": "ddim", "CLS_COND_DDIM": "ddim", "LDM": "ddim"}
 
 
 def run(model: Any, params: dict[str, Any], ctx: RunContext | None = None) -> dict[str, Any]:
@@ -40,48 +36,51 @@ def decode(b64: str) -> np.ndarray:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_output_data_shape(build: Callable[..., Any], family: str) -> None:
-    """A run returns num_images decodable 16x16 grayscale PNGs and echoes steps/seed/sampler."""
-    model = build(family)
-    data = run(model, {STEP_PARAM[family]: 3, "seed": 7, "num_images": 2})
+    """A run returns num_images 16x16 grayscale PNGs and echoes steps, seed and scheduler."""
+    data = run(build(family), {"sample_steps": 3, "seed": 7, "num_images": 2})
     assert len(data["images"]) == 2
     for b64 in data["images"]:
         pixels = decode(b64)
         assert pixels.shape == (16, 16) and pixels.dtype == np.uint8
-    assert (data["width"], data["height"], data["steps"], data["seed"]) == (16, 16, 3, 7)
-    assert data["sampler"] == ("ddpm" if family == "DDPM" else "ddim")
+    assert (data["width"], data["height"], data["channels"]) == (16, 16, 1)
+    assert (data["steps"], data["seed"]) == (3, 7)
+    assert data["scheduler"] == data["sampler"] == DEFAULT_SCHEDULER[family]
+    assert ("eta" in data) == (DEFAULT_SCHEDULER[family] == "ddim")
 
 
+@pytest.mark.parametrize("scheduler", NAMES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_same_seed_same_bytes(build: Callable[..., Any], family: str) -> None:
+def test_every_listed_scheduler_samples(
+    build: Callable[..., Any], family: str, scheduler: str
+) -> None:
+    """Each scheduler we list runs on each model, step count and progress as asked."""
+    seen: list[tuple[int, int]] = []
+    ctx = RunContext(lambda s, t: seen.append((s, t)))
+    data = run(build(family), {"scheduler": scheduler, "sample_steps": 4, "seed": 1}, ctx)
+    assert data["scheduler"] == scheduler and data["steps"] == 4
+    assert seen == [(i, 4) for i in range(1, 5)]
+    assert decode(data["images"][0]).shape == (16, 16)
+
+
+@pytest.mark.parametrize("scheduler", ["ddpm", "ddim", "dpmsolver++", "euler-ancestral"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_same_bytes(build: Callable[..., Any], family: str, scheduler: str) -> None:
     """The same seed gives byte-identical PNGs; another seed gives different ones."""
     model = build(family)
-    params = {STEP_PARAM[family]: 3, "seed": 11, "num_images": 2, "eta": 0.5}
-    if family == "DDPM":
-        params.pop("eta")
+    params = {"scheduler": scheduler, "sample_steps": 3, "seed": 11, "num_images": 2}
+    if scheduler == "ddim":
+        params["eta"] = 0.5
     a, b = run(model, params), run(model, params)
     assert a["images"] == b["images"]
-    c = run(model, {**params, "seed": 12})
-    assert c["images"] != a["images"]
+    assert run(model, {**params, "seed": 12})["images"] != a["images"]
 
 
 def test_seed_absent_is_echoed_and_replayable(build: Callable[..., Any]) -> None:
     """Without a seed the run picks one, reports it, and replaying it gives the same bytes."""
     model = build("DDPM")
-    first = run(model, {"timesteps": 2})
-    again = run(model, {"timesteps": 2, "seed": first["seed"]})
+    first = run(model, {"sample_steps": 2})
+    again = run(model, {"sample_steps": 2, "seed": first["seed"]})
     assert again["images"] == first["images"]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_progress_sees_every_step(build: Callable[..., Any], family: str) -> None:
-    """ctx.progress is called after each of the n steps, in order, with total n."""
-    seen: list[tuple[int, int]] = []
-    run(
-        build(family),
-        {STEP_PARAM[family]: 6, "seed": 1},
-        RunContext(lambda s, t: seen.append((s, t))),
-    )
-    assert seen == [(i, 6) for i in range(1, 7)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -97,7 +96,7 @@ def test_cancellation_stops_within_one_step(build: Callable[..., Any], family: s
 
     ctx = RunContext(on_progress)
     with pytest.raises(RunCancelled):
-        run(build(family), {STEP_PARAM[family]: 10, "seed": 1}, ctx)
+        run(build(family), {"sample_steps": 10, "seed": 1}, ctx)
     assert seen == [1, 2, 3]
 
 
@@ -106,35 +105,47 @@ def test_cancelled_before_start_runs_no_step(build: Callable[..., Any]) -> None:
     ctx = RunContext()
     ctx.cancel()
     with pytest.raises(RunCancelled):
-        run(build("DDPM"), {"timesteps": 5}, ctx)
+        run(build("DDPM"), {"sample_steps": 5}, ctx)
     assert ctx.last_progress is None
 
 
+def test_old_param_names_still_work(build: Callable[..., Any]) -> None:
+    """'timesteps' and 'sampler' (the previous names) map onto sample_steps and scheduler."""
+    model = build("LDM")
+    old = run(model, {"timesteps": 3, "sampler": "ddpm", "seed": 4})
+    new = run(model, {"sample_steps": 3, "scheduler": "ddpm", "seed": 4})
+    assert old["images"] == new["images"] and old["scheduler"] == "ddpm"
+
+
 @pytest.mark.parametrize(
-    ("family", "params", "field"),
+    ("family", "params", "field", "says"),
     [
-        ("DDPM", {"timestep": 3}, "params.timestep"),
-        ("DDPM", {"timesteps": 51}, "params.timesteps"),
-        ("DDPM", {"timesteps": 0}, "params.timesteps"),
-        ("DDPM", {"num_images": 5}, "params.num_images"),
-        ("DDPM", {"seed": -1}, "params.seed"),
-        ("DDPM", {"seed": "x"}, "params.seed"),
-        ("DDIM", {"eta": 1.5}, "params.eta"),
-        ("DDIM", {"sample_steps": 51}, "params.sample_steps"),
-        ("DDIM", {"predicted_x0": "yes"}, "params.predicted_x0"),
-        ("CLS_COND_DDIM", {"class_id": 10}, "params.class_id"),
-        ("CLS_COND_DDIM", {"guidance_scale": -1}, "params.guidance_scale"),
-        ("LDM", {"sampler": "euler"}, "params.sampler"),
+        ("DDPM", {"timestep": 3}, "params.timestep", "unknown"),
+        ("DDPM", {"sample_steps": 51}, "params.sample_steps", "<= 50"),
+        ("DDPM", {"timesteps": 0}, "params.sample_steps", ">= 1"),
+        ("DDPM", {"timesteps": 3, "sample_steps": 3}, "params.timesteps", "replaced by"),
+        ("DDPM", {"num_images": 5}, "params.num_images", "<= 4"),
+        ("DDPM", {"seed": -1}, "params.seed", ">= 0"),
+        ("DDPM", {"seed": "x"}, "params.seed", "integer"),
+        ("DDPM", {"scheduler": "plms"}, "params.scheduler", "one of"),
+        ("DDPM", {"eta": 0.5}, "params.eta", "only to scheduler 'ddim'"),
+        ("DDIM", {"eta": 1.5}, "params.eta", "<= 1"),
+        ("DDIM", {"scheduler": "unipc", "eta": 0.0}, "params.eta", "only"),
+        ("DDIM", {"predicted_x0": "yes"}, "params.predicted_x0", "boolean"),
+        ("DDIM", {"class_id": 3}, "params.class_id", "unknown"),
+        ("CLS_COND_DDIM", {"class_id": 10}, "params.class_id", "<= 9"),
+        ("CLS_COND_DDIM", {"guidance_scale": -1}, "params.guidance_scale", ">= 0"),
+        ("LDM", {"sampler": "heun"}, "params.scheduler", "one of"),
     ],
 )
 def test_invalid_params_name_the_field(
-    build: Callable[..., Any], family: str, params: dict[str, Any], field: str
+    build: Callable[..., Any], family: str, params: dict[str, Any], field: str, says: str
 ) -> None:
-    """Unknown keys and out-of-range values raise InvalidRequest naming the field."""
+    """Unknown, out-of-range and misplaced params raise InvalidRequest naming the field."""
     model = build(family)
     with pytest.raises(InvalidRequest) as err:
         model.validate(InferenceRequest(req_id="t", params=params))
-    assert err.value.field == field
+    assert err.value.field == field and says in err.value.message
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -145,15 +156,17 @@ def test_generative_models_need_no_pixels(build: Callable[..., Any], family: str
     model.validate(InferenceRequest(req_id="t"))
 
 
-def test_ddim_predicted_x0_when_asked(build: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("scheduler", ["ddim", "dpmsolver++", "euler"])
+def test_predicted_x0_when_asked(build: Callable[..., Any], scheduler: str) -> None:
     """predicted_x0=true adds up to 8 decodable snapshots ending at the last step."""
     model = build("DDIM")
-    data = run(model, {"sample_steps": 10, "seed": 3, "num_images": 2, "predicted_x0": True})
+    params = {"scheduler": scheduler, "sample_steps": 10, "seed": 3, "num_images": 2}
+    data = run(model, {**params, "predicted_x0": True})
     snaps = data["predicted_x0"]
     assert 1 <= len(snaps) <= 8 and snaps[-1]["step"] == 10 and snaps[0]["step"] == 1
     assert all(len(s["images"]) == 2 for s in snaps)
-    decode(snaps[0]["images"][0])
-    assert "predicted_x0" not in run(model, {"sample_steps": 2, "seed": 3})
+    assert decode(snaps[0]["images"][0]).shape == (16, 16)
+    assert "predicted_x0" not in run(model, params)
 
 
 def test_cls_cond_echoes_classes(build: Callable[..., Any]) -> None:
@@ -166,14 +179,23 @@ def test_cls_cond_echoes_classes(build: Callable[..., Any]) -> None:
     assert all(0 <= c <= 9 for c in drawn)
 
 
-@pytest.mark.parametrize("scale", [0.0, 1.0, 3.0])
-def test_cls_cond_guidance_scales_run(build: Callable[..., Any], scale: float) -> None:
-    """Unconditional, plain conditional and guided sampling all produce images."""
-    data = run(build("CLS_COND_DDIM"), {"sample_steps": 2, "seed": 1, "guidance_scale": scale})
-    assert len(data["images"]) == 1
-
-
-def test_ldm_ddpm_sampler(build: Callable[..., Any]) -> None:
-    """The LDM also samples its latents with the DDPM ancestral sampler."""
-    data = run(build("LDM"), {"sample_steps": 3, "seed": 1, "sampler": "ddpm"})
-    assert data["sampler"] == "ddpm" and decode(data["images"][0]).shape == (16, 16)
+@pytest.mark.parametrize(("scale", "batch"), [(0.0, 3), (1.0, 3), (3.0, 6)])
+def test_guidance_is_one_batched_forward_of_2b(
+    build: Callable[..., Any], scale: float, batch: int
+) -> None:
+    """Guided steps run the denoiser once on 2B inputs (B cond + B "no label"), else on B."""
+    model = build("CLS_COND_DDIM")
+    calls: list[tuple[int, list[int]]] = []
+    net = model.pipe.denoiser
+    hook = net.register_forward_pre_hook(
+        lambda _m, args, kwargs: calls.append((args[0].shape[0], kwargs["class_labels"].tolist())),
+        with_kwargs=True,
+    )
+    try:
+        params = {"sample_steps": 2, "seed": 1, "num_images": 3, "class_id": 7}
+        run(model, {**params, "guidance_scale": scale})
+    finally:
+        hook.remove()
+    assert [n for n, _ in calls] == [batch, batch]
+    expected = {0.0: [10] * 3, 1.0: [7] * 3, 3.0: [7] * 3 + [10] * 3}[scale]
+    assert calls[0][1] == expected
