@@ -36,8 +36,8 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   100-continue`` is otherwise answered ``100 Continue`` once the head is accepted
   and the request is next in line.
 * Deadlines, checked by one sweep every few seconds (no timer per request): a head
-  still incomplete ``idle_timeout_s`` after its first byte, or a body still
-  incomplete ``body_timeout_s`` after its head, is answered 408 (a client
+  still incomplete ``read_timeout_s`` after its first byte, or a body still
+  incomplete ``read_timeout_s`` after its head, is answered 408 (a client
   trickling bytes cannot hold a connection); a connection silent for
   ``idle_timeout_s`` between requests is closed. A request in progress (a long
   ``/wait``) is never timed out here; a request read behind it gets its deadline
@@ -74,16 +74,18 @@ from mortred_twisted.gateway.transport import EagerWriter
 
 log = Logger()
 
-#: Largest request head (request target + header fields).
-MAX_HEAD = 64 * 1024
+#: Largest request head (request target + header fields): twisted.web's limit too,
+#: so the gateway and the model ports refuse the same heads.
+MAX_HEAD = 16 * 1024
 #: Most header fields in one request.
 MAX_HEADERS = 200
 #: Bytes read behind the request in progress before reading pauses.
 MAX_PIPELINED = 256 * 1024
 #: Default idle timeout (twisted.web's default too).
 IDLE_TIMEOUT_S = 60.0
-#: Default deadline for a request body once its head arrived.
-BODY_TIMEOUT_S = 60.0
+#: Default deadline for a request head (from its first byte) and for its body (from
+#: the end of the head).
+READ_TIMEOUT_S = 60.0
 
 _REASONS = {
     **RESPONSES,
@@ -260,6 +262,8 @@ def check_head(version: str, headers: HeaderMap) -> bool:
         codings = [c.strip().lower() for v in te[1] for c in v.split(b",")]
         if codings[-1] != b"chunked":  # the length cannot be known (RFC 9112 6.3)
             raise Refusal(400, "Transfer-Encoding without a final chunked")
+        if codings.count(b"chunked") != 1:  # never applied twice (RFC 9112 6.1)
+            raise Refusal(400, "chunked applied more than once")
         if len(codings) != 1:
             raise Refusal(501, "unsupported Transfer-Encoding (only chunked)")
     expect = items.get(b"expect")
@@ -296,6 +300,7 @@ class GatewayConnection(Protocol):
         self._url = b""
         self._headers = HeaderMap()
         self._head_size = 0
+        self._fields = 0  # header (then trailer) fields of the message being parsed
         #: bytes read since the message began or last made progress (see dataReceived)
         self._reads = 0
         self._request: ProxyRequest | None = None
@@ -324,7 +329,7 @@ class GatewayConnection(Protocol):
         self._in_message = self._in_head = True
         self._url = b""
         self._headers = HeaderMap()
-        self._head_size = self._reads = 0
+        self._head_size = self._reads = self._fields = 0
         self._since = self.factory.clock.seconds()
 
     def on_url(self, url: bytes) -> None:
@@ -335,11 +340,12 @@ class GatewayConnection(Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value) + 4
-        items = self._headers._items
-        if self._head_size > MAX_HEAD or len(items) >= MAX_HEADERS:
+        self._fields += 1
+        if self._head_size > MAX_HEAD or self._fields > MAX_HEADERS:
             self._stop(Refusal(431, "request head too large"))
         if not self._in_head:
             return  # a chunked body's trailer field: counted, never a header
+        items = self._headers._items
         low = name.lower()
         item = items.get(low)
         if item is None:
@@ -558,19 +564,19 @@ class GatewayConnection(Protocol):
             return
         self._draining = True
 
-    def expire(self, before: float, body_before: float) -> None:
-        """The factory's sweep: a head begun before ``before`` or a body begun before
-        ``body_before``, still incomplete, is answered 408; a connection silent since
-        before ``before`` between requests is closed. A request in progress, and
-        what is read behind it, is left alone."""
+    def expire(self, idle_before: float, read_before: float) -> None:
+        """The factory's sweep: a head or a body begun before ``read_before`` and
+        still incomplete is answered 408; a connection silent since before
+        ``idle_before`` between requests is closed. A request in progress, and what
+        is read behind it, is left alone."""
         if self._closed or self._busy or self._queue:
             return
         if self._in_message:
-            if self._since < (before if self._in_head else body_before):
+            if self._since < read_before:
                 what = "head" if self._in_head else "body"
                 self._stopped = True
                 self._refuse(408, f"request {what} not received in time")
-        elif self.last_active < before:
+        elif self.last_active < idle_before:
             self._close()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
@@ -596,7 +602,7 @@ class GatewayServerFactory(Factory):
         max_body_bytes: int,
         max_connections: int = 0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
-        body_timeout_s: float = BODY_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
         access_log: bool = False,
         on_refused: Callable[[int], None] | None = None,
     ) -> None:
@@ -605,7 +611,7 @@ class GatewayServerFactory(Factory):
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
-        self.body_timeout_s = body_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.access_log = access_log
         self.too_large_message = f"request entity too large (limit {max_body_bytes} bytes)"
         self._on_refused = on_refused
@@ -667,13 +673,13 @@ class GatewayServerFactory(Factory):
     def sweep(self) -> None:
         """Expire connections idle, or slow to send a head or a body."""
         now = self.clock.seconds()
-        before, body_before = now - self.idle_timeout_s, now - self.body_timeout_s
+        idle_before, read_before = now - self.idle_timeout_s, now - self.read_timeout_s
         for conn in list(self.connections):
-            conn.expire(before, body_before)
+            conn.expire(idle_before, read_before)
 
     def startFactory(self) -> None:
         if self.idle_timeout_s > 0 and self._sweeper is None:
-            period = min(5.0, self.idle_timeout_s / 2, self.body_timeout_s / 2)
+            period = min(5.0, self.idle_timeout_s / 2, self.read_timeout_s / 2)
             self._sweeper = LoopingCall(self.sweep)
             self._sweeper.clock = self.clock
             self._sweeper.start(period, now=False)

@@ -50,18 +50,18 @@ class Options(usage.Options):
         ["port", "p", None, "Listen port (overrides [gateway] port; 0 = any free)."],
         ["api-keys", None, None, "API key file (overrides [gateway] api_keys)."],
         ["grace", None, "5", "Seconds requests in progress may take to finish on SIGTERM."],
-        ["body-timeout", None, "60", "Seconds a request body may take once its head arrived."],
+        ["read-timeout", None, "60", "Seconds a request head, then its body, may take (408)."],
     ]
     optFlags = [["access-log", None, "Log every request (costs throughput)."]]
 
     def postOptions(self) -> None:
-        for name in ("grace", "body-timeout"):
+        for name in ("grace", "read-timeout"):
             try:
                 self[name] = float(self[name])
             except ValueError:
                 raise usage.UsageError(f"--{name} must be a number of seconds") from None
-        if self["body-timeout"] <= 0:
-            raise usage.UsageError("--body-timeout must be positive")
+        if self["read-timeout"] <= 0:
+            raise usage.UsageError("--read-timeout must be positive")
         if self["grace"] < 0:
             raise usage.UsageError("--grace must be >= 0")
         if self["port"] is not None:
@@ -193,7 +193,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         clock=reactor,
         max_body_bytes=gw.request_size_limit_bytes,
         max_connections=gw.max_connections,
-        body_timeout_s=options["body-timeout"],
+        read_timeout_s=options["read-timeout"],
         access_log=bool(options["access-log"]),
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
     )

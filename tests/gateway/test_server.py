@@ -240,6 +240,7 @@ REFUSED = [
         400,
     ),
     (b"POST /a HTTP/1.1\r\n" + H + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+    (b"POST /a HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", 400),
     (b"POST /a HTTP/1.1\r\n" + H + b"Expect: 200-ok\r\nContent-Length: 0\r\n\r\n", 417),
     # chunk-size and extension syntax (CVE-2022-24801's shapes)
     (CHUNKED + b"zz\r\n", 400),
@@ -264,6 +265,7 @@ REFUSED = [
     (b"GET /a HTTP/1.1\r\n" + H + b"X: " + b"a" * (MAX_HEAD + 1) + b"\r\n\r\n", 431),
     (b"GET /" + b"a" * (MAX_HEAD + 1) + b" HTTP/1.1\r\n" + H + b"\r\n", 431),
     (b"GET /a HTTP/1.1\r\n" + H + b"".join(b"X%d: 1\r\n" % i for i in range(300)) + b"\r\n", 431),
+    (b"GET /a HTTP/1.1\r\n" + H + b"X: 1\r\n" * 300 + b"\r\n", 431),
 ]
 
 
@@ -322,8 +324,8 @@ def test_upgrade_is_answered_plainly_then_closed() -> None:
 
 
 def test_a_trickled_body_gets_408() -> None:
-    """A body still incomplete body_timeout_s after its head is answered 408."""
-    c = Conn(idle_timeout_s=10, body_timeout_s=4)
+    """A body still incomplete read_timeout_s after its head is answered 408."""
+    c = Conn(idle_timeout_s=10, read_timeout_s=4)
     c.send(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 30\r\n\r\n")
     for _ in range(29):
         c.send(b"x")
@@ -421,8 +423,8 @@ def test_idle_connections_are_swept_but_not_busy_ones() -> None:
 
 def test_a_trickled_head_gets_408() -> None:
     """A client sending a head byte by byte (each byte resetting the idle clock) is
-    answered 408 once the head has taken longer than the timeout."""
-    c = Conn(idle_timeout_s=10)
+    answered 408 once the head has taken longer than the read timeout."""
+    c = Conn(read_timeout_s=10)
     for byte in b"GET /slow HTTP/1.1\r\nX-Slow: 1234567890":
         c.send(bytes([byte]))
         c.clock.advance(0.5)
