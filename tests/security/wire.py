@@ -7,7 +7,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*$")
+_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 
 
 @dataclass
