@@ -24,6 +24,13 @@ Concurrency contract (the five invariants; any change must preserve all five):
 5. **Fixed lock order.** There is one lock; retention (``_evict_locked``) runs with
    it held and takes no other lock, so no deadlock is possible.
 
+Cancel (:meth:`cancel`) is a transition like the others: a pending job ends
+``cancelled`` in one critical section (depth decremented once, invariant 4); a
+running one is only flagged, and its runner performs the terminal transition when
+the run stops. Idempotency keys live under the same lock as admission, so the key
+lookup, the admission check and the key's registration are one step (two
+concurrent submits with one key admit one job); a key is forgotten with its job.
+
 Retention runs on :meth:`submit` (as the C++ ledger did) and on
 :meth:`evict_expired`, which the server calls periodically so an idle server frees
 expired jobs too: first TTL (``job_ttl_ms`` after ``completed_at``), then LRU beyond
@@ -37,12 +44,18 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from mortred_twisted.jobs.states import TERMINAL_STATES, JobState, can_transition
+from mortred_twisted.jobs.states import (
+    TERMINAL_STATES,
+    CancelOutcome,
+    JobState,
+    can_transition,
+)
 
 RequestT = TypeVar("RequestT")
 
@@ -64,6 +77,8 @@ class JobSnapshot(NamedTuple):
     progress: tuple[int, int] | None
     queued_ms: int | None  # time from admission to running (None while pending)
     completed_unix: float | None = None  # wall-clock time of the terminal transition
+    queue_position: int | None = None  # pending only: 1 = the next to get a worker
+    cancel_requested: bool = False  # running, and asked to stop
 
     @property
     def terminal(self) -> bool:
@@ -88,25 +103,65 @@ class ResultLookup:
         return self.state is JobState.DONE
 
 
+class Admission(NamedTuple):
+    """The answer of an admission (:meth:`AsyncJobTable.admit`).
+
+    ``job_id`` None with ``conflict`` False means the queue is full (429). With an
+    idempotency key: ``replayed`` True means the key's job already exists and
+    ``job_id`` is that job (nothing admitted); ``conflict`` True means the key is
+    taken by a request with another body (422).
+    """
+
+    job_id: str | None
+    replayed: bool = False
+    conflict: bool = False
+
+
+class JobPage(NamedTuple):
+    """One page of a listing, newest first; ``next_cursor`` None on the last page."""
+
+    jobs: list[JobSnapshot]
+    next_cursor: str | None
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    """A listing cursor (``c<sequence>``) as the sequence it stops before; ValueError."""
+    if cursor is None or cursor == "":
+        return None
+    if not cursor.startswith("c") or not cursor[1:].isdigit() or len(cursor) > 20:
+        raise ValueError(f"invalid cursor: {cursor[:40]!r}")
+    return int(cursor[1:])
+
+
 class _Job:
     __slots__ = (
+        "cancel_requested",
         "completed_at",
         "completed_unix",
         "created_at",
         "error",
+        "idempotency",
         "job_id",
+        "owner",
         "progress",
         "request",
         "result",
+        "seq",
         "started_at",
         "state",
         "task_id",
     )
 
-    def __init__(self, job_id: str, task_id: str, request: Any, now: float) -> None:
+    def __init__(
+        self, job_id: str, task_id: str, request: Any, now: float, seq: int, owner: str
+    ) -> None:
         self.job_id = job_id
         self.task_id = task_id
         self.request = request
+        self.seq = seq
+        self.owner = owner
+        self.idempotency: tuple[str, str, str] | None = None  # (scope, key, fingerprint)
+        self.cancel_requested = False
         self.state = JobState.PENDING
         self.result: Any = None
         self.error: str | None = None
@@ -155,6 +210,11 @@ class AsyncJobTable(Generic[RequestT]):
         self._by_completion: OrderedDict[str, float] = OrderedDict()
         self._by_use: OrderedDict[str, None] = OrderedDict()
         self._depth = 0
+        self._seq = 0
+        # Admission sequence numbers of pending jobs, ascending (queue positions).
+        self._pending_seqs: list[int] = []
+        # (scope, key) -> job id, for as long as that job is retained.
+        self._idempotency: dict[tuple[str, str], str] = {}
 
     # -- admission -------------------------------------------------------------------
 
@@ -179,16 +239,48 @@ class AsyncJobTable(Generic[RequestT]):
 
         Runs retention first. Check and increment of the depth are one atomic step.
         """
+        return self.admit(request, task_id).job_id
+
+    def admit(
+        self,
+        request: RequestT,
+        task_id: str = "",
+        *,
+        owner: str = "",
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+    ) -> Admission:
+        """Admit a job for ``owner``, at most once per ``(owner, idempotency_key)``.
+
+        One critical section: retention, the key lookup, the queue-full check, the
+        depth increment and the key's registration, so concurrent submits with one
+        key admit one job. A key is remembered while its job is retained.
+        """
         with self._lock:
             self._evict_locked()
+            if idempotency_key is not None:
+                known = self._idempotency.get((owner, idempotency_key))
+                if known is not None:
+                    job = self._jobs[known]
+                    assert job.idempotency is not None
+                    if job.idempotency[2] != fingerprint:
+                        return Admission(None, conflict=True)
+                    self._touch_locked(job)
+                    return Admission(known, replayed=True)
             if self._depth >= self._max_queue:
-                return None
+                return Admission(None)
             job_id = self._id_factory()
             while job_id in self._jobs:
                 job_id = self._id_factory()
-            self._jobs[job_id] = _Job(job_id, task_id, request, self._clock())
+            self._seq += 1
+            job = _Job(job_id, task_id, request, self._clock(), self._seq, owner)
+            if idempotency_key is not None:
+                job.idempotency = (owner, idempotency_key, fingerprint)
+                self._idempotency[(owner, idempotency_key)] = job_id
+            self._jobs[job_id] = job
+            self._pending_seqs.append(self._seq)
             self._depth += 1
-            return job_id
+            return Admission(job_id)
 
     # -- transitions ------------------------------------------------------------------
 
@@ -199,9 +291,35 @@ class AsyncJobTable(Generic[RequestT]):
             if job is None or not can_transition(job.state, JobState.RUNNING):
                 return False
             job.started_at = self._clock()
+            self._leave_queue_locked(job)
             job.state = JobState.RUNNING
             self._changed.notify_all()
             return True
+
+    def cancel(self, job_id: str) -> tuple[CancelOutcome, JobSnapshot | None]:
+        """Cancel a job: a pending one ends ``cancelled`` now (one terminal
+        transition, depth decremented once); a running one is flagged
+        ``cancel_requested`` (its runner stops it and ends it); a terminal one is
+        left as it is. Returns what happened and the job's snapshot after it."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return CancelOutcome.UNKNOWN, None
+            if job.state is JobState.PENDING:
+                self._terminate_locked(job, JobState.CANCELLED, None, "cancelled by request")
+                outcome = CancelOutcome.CANCELLED
+            elif job.state is JobState.RUNNING:
+                job.cancel_requested = True
+                outcome = CancelOutcome.REQUESTED
+            else:
+                outcome = CancelOutcome.FINISHED
+            self._touch_locked(job)
+            return outcome, self._snapshot_locked(job)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        """Whether a running job has been asked to stop."""
+        job = self._jobs.get(job_id)
+        return job is not None and job.cancel_requested
 
     def finish(self, job_id: str, result: Any) -> bool:
         """Non-terminal -> ``done`` with ``result``. False if unknown or refused."""
@@ -215,6 +333,14 @@ class AsyncJobTable(Generic[RequestT]):
         """Non-terminal -> ``timeout`` with ``error``. False if unknown or terminal."""
         return self._terminate(job_id, JobState.TIMEOUT, error=error)
 
+    def terminate(
+        self, job_id: str, target: JobState, *, result: Any = None, error: str | None = None
+    ) -> bool:
+        """Non-terminal -> ``target`` (any terminal state). False if unknown or refused."""
+        if not target.terminal:
+            raise ValueError(f"not a terminal state: {target!r}")
+        return self._terminate(job_id, target, result=result, error=error)
+
     def _terminate(
         self, job_id: str, target: JobState, *, result: Any = None, error: str | None = None
     ) -> bool:
@@ -222,18 +348,30 @@ class AsyncJobTable(Generic[RequestT]):
             job = self._jobs.get(job_id)
             if job is None or not can_transition(job.state, target):
                 return False
-            now = self._clock()
-            job.result = result
-            job.error = error
-            job.completed_at = now
-            job.completed_unix = self._wall_clock()
-            job.request = None  # never keep the payload of a finished job
-            job.state = target  # publish after the payload is written
-            self._depth -= 1  # exactly once: terminal states absorb
-            self._by_completion[job_id] = now
-            self._by_use[job_id] = None
-            self._changed.notify_all()
+            self._terminate_locked(job, target, result, error)
             return True
+
+    def _terminate_locked(
+        self, job: _Job, target: JobState, result: Any, error: str | None
+    ) -> None:
+        now = self._clock()
+        job.result = result
+        job.error = error
+        job.completed_at = now
+        job.completed_unix = self._wall_clock()
+        job.request = None  # never keep the payload of a finished job
+        self._leave_queue_locked(job)
+        job.state = target  # publish after the payload is written
+        self._depth -= 1  # exactly once: terminal states absorb
+        self._by_completion[job.job_id] = now
+        self._by_use[job.job_id] = None
+        self._changed.notify_all()
+
+    def _leave_queue_locked(self, job: _Job) -> None:
+        if job.state is JobState.PENDING:
+            at = bisect_left(self._pending_seqs, job.seq)
+            if at < len(self._pending_seqs) and self._pending_seqs[at] == job.seq:
+                del self._pending_seqs[at]
 
     def set_progress(self, job_id: str, step: int, total: int) -> bool:
         """Record progress of a running job (for polls). False unless running."""
@@ -265,6 +403,9 @@ class AsyncJobTable(Generic[RequestT]):
         queued = None
         if job.started_at is not None:
             queued = int((job.started_at - job.created_at) * 1000)
+        position = None
+        if job.state is JobState.PENDING:
+            position = bisect_left(self._pending_seqs, job.seq) + 1
         return JobSnapshot(
             job_id=job.job_id,
             state=job.state,
@@ -274,6 +415,8 @@ class AsyncJobTable(Generic[RequestT]):
             progress=job.progress,
             queued_ms=queued,
             completed_unix=job.completed_unix,
+            queue_position=position,
+            cancel_requested=job.cancel_requested and job.state is JobState.RUNNING,
         )
 
     def take_request(self, job_id: str) -> RequestT | None:
@@ -315,6 +458,43 @@ class AsyncJobTable(Generic[RequestT]):
     def __len__(self) -> int:
         return len(self._jobs)
 
+    @property
+    def pending_count(self) -> int:
+        """Admitted jobs still waiting for a worker."""
+        return len(self._pending_seqs)
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None,
+        states: frozenset[JobState] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """Retained jobs, newest first: those of ``owner`` (every job when None),
+        in ``states`` (any when None), ``limit`` per page, after ``cursor``.
+
+        Does not refresh LRU positions (a listing is not a use of each job).
+        Raises ValueError for a malformed cursor.
+        """
+        before = parse_cursor(cursor)
+        page: list[JobSnapshot] = []
+        last_seq = None
+        with self._lock:
+            for job_id in reversed(self._jobs):
+                job = self._jobs[job_id]
+                if before is not None and job.seq >= before:
+                    continue
+                if owner is not None and job.owner != owner:
+                    continue
+                if states is not None and job.state not in states:
+                    continue
+                if len(page) == limit:
+                    return JobPage(page, f"c{last_seq}")
+                page.append(self._snapshot_locked(job))
+                last_seq = job.seq
+        return JobPage(page, None)
+
     def nonterminal_ids(self) -> list[str]:
         """Ids of pending or running jobs (used to end them at shutdown)."""
         with self._lock:
@@ -327,7 +507,9 @@ class AsyncJobTable(Generic[RequestT]):
             self._by_use.move_to_end(job.job_id)
 
     def _forget_locked(self, job_id: str) -> None:
-        del self._jobs[job_id]
+        job = self._jobs.pop(job_id)
+        if job.idempotency is not None:
+            self._idempotency.pop(job.idempotency[:2], None)
         self._by_completion.pop(job_id, None)
         self._by_use.pop(job_id, None)
 

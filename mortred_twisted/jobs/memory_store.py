@@ -12,8 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from mortred_twisted.jobs.ledger import AsyncJobTable, JobSnapshot, ResultLookup
-from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.ledger import (
+    Admission,
+    AsyncJobTable,
+    JobPage,
+    JobSnapshot,
+    ResultLookup,
+)
+from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import Claim
 
 RequestT = TypeVar("RequestT")
@@ -50,16 +56,44 @@ class MemoryJobStore(Generic[RequestT]):
     def claim_next(self) -> Claim | None:
         return None  # push mode: the runner is handed every job it runs
 
+    def admit(
+        self,
+        request: RequestT,
+        task_id: str = "",
+        *,
+        owner: str = "",
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+    ) -> Admission:
+        return self.ledger.admit(
+            request, task_id, owner=owner, idempotency_key=idempotency_key,
+            fingerprint=fingerprint,
+        )  # fmt: skip
+
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
     ) -> bool:
-        if state is JobState.DONE:
-            return self.ledger.finish(job_id, result)
-        if state is JobState.TIMEOUT:
-            return self.ledger.timeout(job_id, error or "")
-        if state is JobState.FAILED:
-            return self.ledger.fail(job_id, error or "")
-        raise ValueError(f"not a terminal state: {state!r}")
+        return self.ledger.terminate(job_id, state, result=result, error=error)
+
+    def cancel(self, job_id: str) -> tuple[CancelOutcome, JobSnapshot | None]:
+        return self.ledger.cancel(job_id)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.ledger.cancel_requested(job_id)
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None,
+        states: frozenset[JobState] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        return self.ledger.list_jobs(owner=owner, states=states, limit=limit, cursor=cursor)
+
+    @property
+    def pending_count(self) -> int:
+        return self.ledger.pending_count
 
     def set_progress(self, job_id: str, step: int, total: int) -> None:
         self.ledger.set_progress(job_id, step, total)

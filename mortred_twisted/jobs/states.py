@@ -4,7 +4,8 @@
 
     PENDING ──transition_running──► RUNNING ──finish──► DONE
        │                               ├──fail────► FAILED
-       └──────── fail / timeout ───────┴──timeout─► TIMEOUT
+       ├──────── fail / timeout ───────┼──timeout─► TIMEOUT
+       └──────── cancel ───────────────┴──cancel──► CANCELLED
 
 Only ``PENDING`` may enter ``RUNNING``; any non-terminal state may terminate;
 terminal states absorb (every further transition is refused).
@@ -18,29 +19,37 @@ from types import MappingProxyType
 
 
 class JobState(enum.Enum):
-    """The five job states; ``value`` is the wire spelling."""
+    """The six job states; ``value`` is the wire spelling."""
 
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
     TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL_STATES
 
 
-TERMINAL_STATES: frozenset[JobState] = frozenset({JobState.DONE, JobState.FAILED, JobState.TIMEOUT})
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.DONE, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED}
+)
 
 #: state -> the states it may move to.
 TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType(
     {
-        JobState.PENDING: frozenset({JobState.RUNNING, JobState.FAILED, JobState.TIMEOUT}),
-        JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED, JobState.TIMEOUT}),
+        JobState.PENDING: frozenset(
+            {JobState.RUNNING, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED}
+        ),
+        JobState.RUNNING: frozenset(
+            {JobState.DONE, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED}
+        ),
         JobState.DONE: frozenset(),
         JobState.FAILED: frozenset(),
         JobState.TIMEOUT: frozenset(),
+        JobState.CANCELLED: frozenset(),
     }
 )
 
@@ -48,3 +57,16 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType(
 def can_transition(current: JobState, target: JobState) -> bool:
     """Whether the state machine allows ``current -> target``."""
     return target in TRANSITIONS[current]
+
+
+class CancelOutcome(enum.Enum):
+    """What a cancel request did (the wire contract maps each to a status code)."""
+
+    #: a pending job ended ``cancelled`` at once (200)
+    CANCELLED = "cancelled"
+    #: a running job was asked to stop; it ends when its run notices (202)
+    REQUESTED = "requested"
+    #: the job had already ended (409)
+    FINISHED = "finished"
+    #: no such job (404)
+    UNKNOWN = "unknown"

@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, Union
 
-from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
-from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.ledger import Admission, JobPage, JobSnapshot, ResultLookup
+from mortred_twisted.jobs.states import CancelOutcome, JobState
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -104,6 +104,47 @@ class JobStore(Protocol[RequestT]):
 
     def submit(self, request: RequestT, task_id: str = "") -> Maybe[str | None]:
         """Admit a pending job; its id, or None when ``max_queue`` jobs are admitted."""
+        ...
+
+    def admit(
+        self,
+        request: RequestT,
+        task_id: str = "",
+        *,
+        owner: str = "",
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+    ) -> Maybe[Admission]:
+        """Admit a job for ``owner`` (the caller's principal), at most once per
+        ``(owner, idempotency_key)`` while that key's job is retained: the key's job
+        again (``replayed``) for the same ``fingerprint``, ``conflict`` for another.
+        One atomic step with the queue-full check."""
+        ...
+
+    def cancel(self, job_id: str) -> Maybe[tuple[CancelOutcome, JobSnapshot | None]]:
+        """Pending → ``cancelled`` at once; running → flagged (the runner that runs
+        it stops it); terminal → unchanged. What happened, and the snapshot after."""
+        ...
+
+    def cancel_requested(self, job_id: str) -> Maybe[bool]:
+        """Whether a running job has been asked to stop."""
+        ...
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None,
+        states: frozenset[JobState] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Maybe[JobPage]:
+        """Retained jobs newest first, only ``owner``'s (all when None); ValueError
+        for a malformed cursor."""
+        ...
+
+    @property
+    def pending_count(self) -> int:
+        """Jobs waiting for a worker (the last value seen), for Retry-After."""
         ...
 
     def begin(self, job_id: str) -> Maybe[RequestT | None]:

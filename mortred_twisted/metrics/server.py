@@ -23,7 +23,7 @@ MS_BUCKETS = (
     10000, 30000, 60000, 120000, 300000, 600000,
 )  # fmt: skip
 
-JOB_STATES = ("submitted", "running", "done", "failed", "timeout")
+JOB_STATES = ("submitted", "running", "done", "failed", "timeout", "cancelled")
 
 
 class HttpRequestStats(Collector):
