@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
+from mortred_twisted.jobs.webhooks import normalise_allowed_hosts, secret_key
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class ServerConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     job_lease_ms: int = 10000
     job_max_attempts: int = 2
+    cancel_grace_ms: int = 5000  # process workers: kill a run that ignores cancel after this
+    webhook_allowed_hosts: tuple[str, ...] = ()  # deny by default (no webhooks)
+    webhook_secret: str = ""  # Standard Webhooks signing secret (env MORTRED_WEBHOOK_SECRET)
     model_type: str = "fake"
     model_config: str | None = None
     model_options: Mapping[str, Any] = field(default_factory=dict)
@@ -103,6 +107,9 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "redis_url": (str,),
         "job_lease_ms": (int,),
         "job_max_attempts": (int,),
+        "cancel_grace_ms": (int,),
+        "webhook_allowed_hosts": (list,),
+        "webhook_secret": (str,),
     }
 )
 
@@ -132,6 +139,7 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "async_max_completed": (0, None),
     "job_lease_ms": (500, None),
     "job_max_attempts": (1, 100),
+    "cancel_grace_ms": (0, None),
 }
 
 
@@ -207,6 +215,8 @@ def find_root(path: Path) -> Path:
 
 
 def _parse_env_value(raw: str, types: tuple[type, ...]) -> Any:
+    if list in types:
+        return [item.strip() for item in raw.split(",") if item.strip()]
     if bool in types:
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
@@ -280,6 +290,18 @@ def build_server_config(
             f"server.worker_isolation: must be 'thread' or 'process' (got {isolation!r})"
         )
     problems.extend(job_store_problems(server))
+    hosts = server.get("webhook_allowed_hosts", [])
+    if isinstance(hosts, list):
+        if not all(isinstance(h, str) and h.strip() for h in hosts):
+            problems.append("server.webhook_allowed_hosts: must be a list of host names")
+        else:
+            server["webhook_allowed_hosts"] = tuple(normalise_allowed_hosts(hosts))
+    secret = server.get("webhook_secret", "")
+    if isinstance(secret, str) and secret:
+        try:
+            secret_key(secret)
+        except ValueError as exc:
+            problems.append(f"server.{exc}")
     uri = server.get("server_uri", "/infer")
     if isinstance(uri, str) and not uri.startswith("/"):
         problems.append(f"server.server_uri: must start with '/' (got {uri!r})")

@@ -165,8 +165,12 @@ class IsolatedModel(Model):
         *,
         niceness: int = 0,
         torch_threads: int = 1,
+        cancel_grace_s: float | None = None,
     ) -> None:
         self._args = (model_type, dict(options), str(root), niceness, torch_threads)
+        self._cancel_grace_s = cancel_grace_s
+        #: how many runs were ended by killing the worker process (for tests/metrics)
+        self.killed_runs = 0
         self._local = local  # in-process instance: validation only
         self.params_schema = local.params_schema
         self.uses_images = local.uses_images
@@ -210,13 +214,23 @@ class IsolatedModel(Model):
     def _exchange(self, message: tuple, ctx: RunContext | None) -> tuple:
         conn = self._ensure_alive()
         conn.send(message)
-        cancel_sent = False
+        cancel_sent_at: float | None = None
         while True:
             try:
                 ready = conn.poll(POLL_S)
-                if ctx is not None and ctx.cancelled and not cancel_sent:
+                if ctx is not None and ctx.cancelled and cancel_sent_at is None:
                     conn.send(("cancel",))
-                    cancel_sent = True
+                    cancel_sent_at = time.monotonic()
+                if (
+                    not ready
+                    and cancel_sent_at is not None
+                    and self._cancel_grace_s is not None
+                    and time.monotonic() - cancel_sent_at > self._cancel_grace_s
+                ):
+                    self._kill_and_respawn()
+                    raise RunCancelled(
+                        "run did not stop within cancel_grace_ms: its worker process was killed"
+                    )
                 if not ready:
                     if self._process is not None and not self._process.is_alive():
                         raise EOFError
@@ -230,6 +244,22 @@ class IsolatedModel(Model):
                     ctx.progress(reply[1], reply[2])
                 continue
             return reply
+
+    def _kill_and_respawn(self) -> None:
+        """End a run that ignores its cancel flag: the compute goes back at once; a
+        fresh worker process is started for the next run (lazily if that fails)."""
+        self.killed_runs += 1
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(10)
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._process, self._conn = None, None
+        # A failed respawn is retried by the next run (_ensure_alive), which then
+        # fails with the loader's error.
+        with contextlib.suppress(ModelLoadError):
+            self._start()
 
     def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
         reply = self._exchange(("run", request), ctx)

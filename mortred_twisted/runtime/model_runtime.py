@@ -164,6 +164,7 @@ class ModelRuntime:
                         local,
                         niceness=cfg.worker_nice,
                         torch_threads=threads,
+                        cancel_grace_s=cfg.cancel_grace_ms / 1000.0,
                     )
                     for _ in range(cfg.worker_nums)
                 ]
@@ -202,6 +203,15 @@ class ModelRuntime:
             max_batch_size=cfg.max_batch_size,
             max_batch_delay_ms=cfg.max_batch_delay_ms,
         )
+        connected = getattr(self.store, "when_connected", None)
+        if connected is None:
+            self._mark_ready()
+        else:  # a shared store: ready once it can be reached (the log says so)
+            log.info("model {model} loaded; waiting for the job store", model=cfg.model_type)
+            connected().addCallback(lambda _: self._mark_ready())
+
+    def _mark_ready(self) -> None:
+        cfg = self.config
         if self.readiness is Readiness.LOADING:
             self.readiness = Readiness.READY
             log.info("model {model} ready: {n} worker(s)", model=cfg.model_type, n=cfg.worker_nums)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -90,5 +91,25 @@ def test_an_idle_dead_worker_is_replaced_before_the_next_run() -> None:
         model._process.kill()
         model._process.join(10)
         assert json.loads(model.run(req(), RunContext()))["model"] == "fake"
+    finally:
+        model.close()
+
+
+def test_a_run_that_ignores_cancel_is_killed_after_the_grace_and_the_worker_respawns() -> None:
+    """A one-step 60 s run never checks its flag: after cancel_grace the worker process is
+    killed (RunCancelled), a fresh one is started, and the next run succeeds."""
+    model = IsolatedModel(
+        "fake", OPTIONS, Path("."), create_fake(OPTIONS, Path(".")), cancel_grace_s=0.2
+    )
+    try:
+        first_pid = model.pid
+        ctx = RunContext()
+        timer = threading.Timer(0.3, ctx.cancel)
+        timer.start()
+        with pytest.raises(RunCancelled, match="worker process was killed"):
+            model.run(req(delay_ms=60_000, steps=1), ctx)
+        assert model.killed_runs == 1
+        assert model.pid is not None and model.pid != first_pid
+        assert json.loads(model.run(req(delay_ms=0), RunContext()))["steps"] >= 1
     finally:
         model.close()
