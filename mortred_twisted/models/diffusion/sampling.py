@@ -101,6 +101,7 @@ class DiffusionModel(Model):
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
         raw = request.params
+        renamed: dict[str, str] = {}
         if isinstance(raw, Mapping):
             raw = dict(raw)
             for old, new in RENAMED_PARAMS.items():
@@ -110,7 +111,15 @@ class DiffusionModel(Model):
                             f"params.{old}", f"replaced by params.{new}; give only {new}"
                         )
                     raw[new] = raw.pop(old)
-        params = validate_params(self.params_schema, raw)
+                    renamed[f"params.{new}"] = old
+        try:
+            params = validate_params(self.params_schema, raw)
+        except InvalidRequest as exc:
+            old = renamed.get(exc.field)
+            if old is None:
+                raise
+            new = exc.field.removeprefix("params.")
+            raise InvalidRequest(f"params.{old}", f"{exc.message} ({old} is now {new})") from exc
         chosen = params.get("scheduler")
         if "eta" in params and chosen not in schedulers.ETA_SCHEDULERS:
             if isinstance(raw, Mapping) and "eta" in raw:

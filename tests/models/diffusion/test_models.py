@@ -122,7 +122,7 @@ def test_old_param_names_still_work(build: Callable[..., Any]) -> None:
     [
         ("DDPM", {"timestep": 3}, "params.timestep", "unknown"),
         ("DDPM", {"sample_steps": 51}, "params.sample_steps", "<= 50"),
-        ("DDPM", {"timesteps": 0}, "params.sample_steps", ">= 1"),
+        ("DDPM", {"timesteps": 0}, "params.timesteps", ">= 1 (got 0) (timesteps is now"),
         ("DDPM", {"timesteps": 3, "sample_steps": 3}, "params.timesteps", "replaced by"),
         ("DDPM", {"num_images": 5}, "params.num_images", "<= 4"),
         ("DDPM", {"seed": -1}, "params.seed", ">= 0"),
@@ -135,7 +135,7 @@ def test_old_param_names_still_work(build: Callable[..., Any]) -> None:
         ("DDIM", {"class_id": 3}, "params.class_id", "unknown"),
         ("CLS_COND_DDIM", {"class_id": 10}, "params.class_id", "<= 9"),
         ("CLS_COND_DDIM", {"guidance_scale": -1}, "params.guidance_scale", ">= 0"),
-        ("LDM", {"sampler": "heun"}, "params.scheduler", "one of"),
+        ("LDM", {"sampler": "heun"}, "params.sampler", "one of"),
     ],
 )
 def test_invalid_params_name_the_field(
