@@ -1,8 +1,10 @@
 """Threaded stress test of the production AsyncJobTable, after the seed's C++ test.
 
-4 submitters, 2 runners, 3 pollers and 2 waiters hammer one table for ~3 s; at the
-end the invariants must hold: depth back to zero, every accepted job terminated
-exactly once, ids unique, no waiter left blocked.
+4 submitters, 2 runners, 3 pollers and 2 waiters hammer one table for ~3 s; the
+pollers also race the runners for each job's request payload. Throughout, depth
+never exceeds ``max_queue``; at the end depth is back to zero, every accepted job
+terminated exactly once, every payload moved out at most once, ids are unique,
+retention holds at most ``max_completed`` jobs, and no thread is left blocked.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
     stop = threading.Event()
     over_admission = threading.Event()
     waiter_results: list[JobState] = []
+    payload_takes: dict[str, int] = {}
+    take_lock = threading.Lock()
     errors: list[BaseException] = []
+
+    def take_payload(job: str) -> None:
+        if table.take_request(job) is not None:
+            with take_lock:
+                payload_takes[job] = payload_takes.get(job, 0) + 1
 
     def guarded(fn):
         def inner(*a):
@@ -68,7 +77,7 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
                 ended = table.timeout(job, "budget")  # timed out while pending
             else:
                 assert table.transition_running(job)
-                table.take_request(job)
+                take_payload(job)
                 if outcome < 0.8:
                     ended = table.finish(job, {"ok": True})
                 elif outcome < 0.9:
@@ -89,6 +98,8 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
                 job = rng.choice(accepted) if accepted else None
             if job is None:
                 continue
+            if rng.random() < 0.2:
+                take_payload(job)  # races the runner: only one of them may get it
             snap = table.snapshot(job)
             if snap is not None and snap.state is JobState.DONE:
                 lookup = table.take_result(job)
@@ -129,4 +140,8 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
     assert len(accepted) > 100, "the stress test did too little work to mean anything"
     assert set(terminations) == set(accepted)
     assert all(n == 1 for n in terminations.values())
+    assert all(n == 1 for n in payload_takes.values()), "a payload moved out twice"
+    assert table.nonterminal_ids() == []
+    table.evict_expired()
+    assert len(table) <= 64, "retention kept more than max_completed terminal jobs"
     assert waiter_results, "waiters never observed a job"
