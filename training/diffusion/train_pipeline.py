@@ -28,28 +28,19 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from mortred_twisted.data.digits import SPLIT_SEED, TEST_FRACTION, load_digit_split
 from mortred_twisted.models.diffusion.manifest import write_manifest
+from training.diffusion.common import DATA_DESCRIPTION, IMAGE_SIZE, WEIGHTS_DIR, setup
+from training.diffusion.common import digits_tensor as digits
 
-ROOT = Path(__file__).resolve().parents[2]
-WEIGHTS_DIR = ROOT / "weights" / "diffusion"
-IMAGE_SIZE = 16
 NUM_CLASSES = 10
-DATA_DESCRIPTION = (
-    f"sklearn.datasets.load_digits resized bilinearly to {IMAGE_SIZE}x{IMAGE_SIZE}, "
-    f"train split of mortred_twisted.data.digits (seed {SPLIT_SEED}, "
-    f"test fraction {TEST_FRACTION}), pixels scaled to [-1, 1]"
-)
 SCHEDULER = {
     "num_train_timesteps": 1000,
     "beta_schedule": "squaredcos_cap_v2",
@@ -129,23 +120,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None, help="pipeline directory")
     return parser.parse_args(argv)
-
-
-def setup(args: argparse.Namespace) -> torch.device:
-    """Seed every generator, set the thread count, pick the device."""
-    torch.set_num_threads(max(1, args.threads))
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(images in [-1, 1] of shape (N, 1, 16, 16), labels (N,))``."""
-    images, labels = load_digit_split(IMAGE_SIZE, split)
-    return torch.from_numpy(images).unsqueeze(1) * 2.0 - 1.0, torch.from_numpy(labels)
 
 
 def lr_at(step: int, total: int, base: float, warmup: int = 100) -> float:
