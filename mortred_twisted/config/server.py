@@ -155,7 +155,7 @@ class RedisAddress:
     port: int = 6379
     db: int = 0
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     def redacted(self) -> str:
         auth = ""

@@ -235,14 +235,17 @@ class ModelRuntime:
         else:
             d = self.runner.drain(grace_s)
 
-        def close(_: Any) -> Any:
+        def close(_: Any) -> None:
             for model in self.models:
                 try:
                     model.close()
                 except Exception:
                     log.failure("closing a model instance failed")
-            stop = getattr(self.store, "stop", None)
-            return stop() if stop is not None else None
 
         d.addBoth(close)
         return d
+
+    def close_store(self) -> Deferred[Any] | None:
+        """Disconnect a shared store (after the last answer that needs it)."""
+        stop = getattr(self.store, "stop", None)
+        return stop() if stop is not None else None

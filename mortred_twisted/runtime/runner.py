@@ -89,6 +89,7 @@ class JobRunner:
         self._admitted_at: dict[str, float] = {}
         self._draining = False
         self._pulling = False
+        self._starting = 0  # claimed jobs not yet holding a worker
         if store.pull:
             # A worker coming back (from a job or an /infer call) may take a job.
             workers.on_free = lambda: clock.callLater(0, self.kick)
@@ -165,35 +166,42 @@ class JobRunner:
 
     async def _pull(self) -> None:
         try:
-            while not self._draining and self._workers.available > 0:
-                lease = await self._workers.acquire("async")
+            # No lease is held while asking the store: the sync path keeps every
+            # free worker meanwhile; a claimed job then takes the next free one.
+            while not self._draining and self._workers.available > self._starting:
                 try:
                     claim = await settle(self._store.claim_next())
                 except Exception as exc:
-                    lease.release()
                     log.warn("cannot take jobs from the store: {e}", e=describe_error(exc))
                     return
                 if claim is None:
-                    lease.release()
                     return
-                self._track(claim.job_id, Deferred.fromCoroutine(self._pull_series(claim, lease)))
+                self._starting += 1
+                self._track(claim.job_id, Deferred.fromCoroutine(self._pull_series(claim)))
         finally:
             self._pulling = False
 
-    async def _pull_series(self, claim: Claim, lease: WorkerLease[Model]) -> None:
+    async def _pull_series(self, claim: Claim) -> None:
+        job_id = claim.job_id
         now = self._clock.seconds()
-        self._admitted_at[claim.job_id] = now - claim.age_ms / 1000.0
-        self._metrics.queue_wait_duration.labels(path="async").observe(claim.age_ms)
-        deadline = None
-        if self._budget_s is not None:
-            deadline = self._admitted_at[claim.job_id] + self._budget_s
-            if deadline <= now:
-                lease.release()
-                await settle(
-                    self._end(claim.job_id, JobState.TIMEOUT, self._budget_message("waiting"))
-                )
-                return
-        await self._run(claim.job_id, lease, claim.request, deadline)
+        admitted = self._admitted_at[job_id] = now - claim.age_ms / 1000.0
+        deadline = None if self._budget_s is None else admitted + self._budget_s
+        try:
+            acquire = self._workers.acquire("async")
+            lease: WorkerLease[Model] = await within(
+                self._clock, acquire, self._remaining(deadline), cancel_on_expiry=True
+            )
+        except DeadlineExpired:
+            await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
+            return
+        except CancelledError:
+            await settle(self._store.hand_back(job_id))
+            return
+        finally:
+            self._starting -= 1
+        wait_ms = (self._clock.seconds() - admitted) * 1000.0
+        self._metrics.queue_wait_duration.labels(path="async").observe(wait_ms)
+        await self._run(job_id, lease, claim.request, deadline)
 
     # -- the common part ----------------------------------------------------------
 

@@ -171,9 +171,13 @@ class ModelServerService(Service):
                 return self._port.stopListening()
             return None
 
+        def close_store(_: Any) -> Any:
+            return self.runtime.close_store()
+
         d.addBoth(requests_answered)
         d.addBoth(flushed)
         d.addBoth(close_port)
+        d.addBoth(close_store)
         return d
 
 

@@ -1,7 +1,9 @@
 """End-to-end contract of one model server over real sockets (twistd subprocess).
 
 Covers the seed's ``server_e2e_contract`` list and the model-port cases of the
-customer guide (T2–T7, T9, T11, T13, T16) plus the sync path's status codes. The
+customer guide (T2–T7, T9, T11, T13, T16) plus the sync path's status codes. Every
+job test runs twice: on the in-memory store and on the Redis store (a real
+``redis-server`` on a free loopback port, one model id per server). The
 fake model's ``params.delay_ms`` sets each job's length, so orderings (202 before
 the model finishes) are asserted with seconds of margin, never timed.
 """
@@ -14,9 +16,12 @@ import os
 import re
 import socket
 import threading
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
+from tests.support.redis_server import RedisServer, redis_server
 from tests.support.servers import RunningServer, model_server
 from tests.support.waiting import wait_until
 
@@ -39,14 +44,35 @@ def metric(server: RunningServer, name: str, labels: str = "") -> float:
 
 
 @pytest.fixture(scope="module")
-def server():
-    with model_server(ASYNC_CONF) as srv:
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The job store a server runs on, as environment overrides."""
+    if request.param == "memory":
+        return {}
+    url = request.getfixturevalue("redis").url
+    return {"MORTRED_JOB_STORE": "redis", "MORTRED_REDIS_URL": url}
+
+
+def on(store: dict[str, str], **env: str) -> dict[str, str]:
+    """``env`` plus the store's keys and a model id of its own (servers that share a
+    Redis never share a queue)."""
+    return {**store, "MORTRED_ID": "fake-" + uuid.uuid4().hex[:8], **env}
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    with model_server(ASYNC_CONF, env=on(store)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def small_queue_server():
-    with model_server(ASYNC_CONF, env={"MORTRED_ASYNC_MAX_QUEUE": "2"}) as srv:
+def small_queue_server(store):
+    with model_server(ASYNC_CONF, env=on(store, MORTRED_ASYNC_MAX_QUEUE="2")) as srv:
         yield srv
 
 
@@ -189,9 +215,9 @@ def test_failed_job_reports_error_and_result_is_409(server) -> None:
     assert status == 409 and res["error"] == "job not finished (state: failed)"
 
 
-def test_job_budget_expiry_ends_in_timeout() -> None:
+def test_job_budget_expiry_ends_in_timeout(store) -> None:
     """async_timeout bounds worker wait + run: a longer job ends in state timeout."""
-    with model_server(ASYNC_CONF, env={"MORTRED_ASYNC_TIMEOUT": "300"}) as srv:
+    with model_server(ASYNC_CONF, env=on(store, MORTRED_ASYNC_TIMEOUT="300")) as srv:
         job = submit(srv, 5000)
         doc = wait(srv, job)
         assert doc["state"] == "timeout" and "async_timeout (300 ms)" in doc["error"]
@@ -200,9 +226,9 @@ def test_job_budget_expiry_ends_in_timeout() -> None:
         assert wait(srv, submit(srv, 0))["state"] == "done"
 
 
-def test_metrics_count_a_job_lifecycle() -> None:
+def test_metrics_count_a_job_lifecycle(store) -> None:
     """After one job, /metrics counts submitted, running and done once each."""
-    with model_server(ASYNC_CONF) as srv:
+    with model_server(ASYNC_CONF, env=on(store)) as srv:
         assert wait(srv, submit(srv, 10))["state"] == "done"
         for state in ("submitted", "running", "done"):
             assert metric(srv, "mortred_async_jobs_total", f'state="{state}"') == 1
@@ -316,9 +342,9 @@ def test_precheck_order_405_before_413(sync_server) -> None:
     assert response.startswith(b"HTTP/1.1 405")
 
 
-def test_auth_token_is_required_and_health_stays_public() -> None:
+def test_auth_token_is_required_and_health_stays_public(store) -> None:
     """With a token: 401 + WWW-Authenticate without or with a wrong bearer; probes public."""
-    with model_server(ASYNC_CONF, env={"MORTRED_AUTH_TOKEN": "s3cret"}) as srv:
+    with model_server(ASYNC_CONF, env=on(store, MORTRED_AUTH_TOKEN="s3cret")) as srv:
         assert srv.request("GET", "/healthz")[0] == 200
         assert srv.request("GET", "/ready")[0] == 200
         status, headers, _ = srv.request("POST", "/jobs", body(0))
@@ -333,11 +359,11 @@ def test_auth_token_is_required_and_health_stays_public() -> None:
         assert status == 200 and doc["state"] == "done"
 
 
-def test_sigterm_drains_a_running_job_and_answers_its_waiter() -> None:
+def test_sigterm_drains_a_running_job_and_answers_its_waiter(store) -> None:
     """On SIGTERM the server lets an in-flight job finish and answers the parked wait."""
     import signal
 
-    with model_server(ASYNC_CONF) as srv:
+    with model_server(ASYNC_CONF, env=on(store)) as srv:
         job = submit(srv, 1500)
         outcome: list[dict] = []
         waiter = threading.Thread(target=lambda: outcome.append(wait(srv, job)))
@@ -355,9 +381,9 @@ def test_sigterm_drains_a_running_job_and_answers_its_waiter() -> None:
         assert any("Server Shut Down" in line for line in srv.log)
 
 
-def test_process_isolated_workers_serve_jobs_and_sync_requests() -> None:
+def test_process_isolated_workers_serve_jobs_and_sync_requests(store) -> None:
     """worker_isolation=process: jobs and /infer work, failures and progress cross over."""
-    env = {"MORTRED_WORKER_ISOLATION": "process"}
+    env = on(store, MORTRED_WORKER_ISOLATION="process")
     with model_server(ASYNC_CONF, env=env) as srv:
         doc = wait(srv, submit(srv, 300))
         assert doc["state"] == "done" and doc["progress"] == {"step": 10, "total": 10}
@@ -388,7 +414,9 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_with_413() -> None:
 
 def test_sigterm_after_grace_fails_remaining_jobs_and_exits() -> None:
     """With --grace 0, running and queued jobs end failed ('server shutting down'), their
-    waiters are answered, the models are asked to stop, and the process exits."""
+    waiters are answered, the models are asked to stop, and the process exits.
+    (Memory store: its jobs die with the process. Redis-store replicas hand their
+    jobs back instead: tests/e2e/test_replicas.py.)"""
     import signal
 
     with model_server(ASYNC_CONF, args=("--grace", "0")) as srv:
@@ -461,10 +489,10 @@ def test_connections_beyond_max_connections_are_closed_at_once() -> None:
         wait_until(served, 10, "a free connection slot after closing one")
 
 
-def test_expired_jobs_leave_an_idle_server() -> None:
+def test_expired_jobs_leave_an_idle_server(store) -> None:
     """With a short async_job_ttl a finished job is repeatable until the TTL, then
     404, with no further submit to trigger retention (the periodic sweep)."""
-    with model_server(ASYNC_CONF, env={"MORTRED_ASYNC_JOB_TTL": "400"}) as srv:
+    with model_server(ASYNC_CONF, env=on(store, MORTRED_ASYNC_JOB_TTL="400")) as srv:
         job = submit(srv, 0)
         assert wait(srv, job)["state"] == "done"
         assert srv.request("GET", f"/jobs/{job}/result")[0] == 200

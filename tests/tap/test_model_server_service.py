@@ -28,6 +28,9 @@ class Runtime:
     def start_store(self) -> None:
         pass
 
+    def close_store(self) -> None:
+        pass
+
 
 def test_freezes_after_the_models_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """The port opens before the models load (torch is imported then), so a second

@@ -1,0 +1,332 @@
+"""The Redis data model of the shared job store, and its Lua scripts (pure).
+
+Keys of one model id (all under one hash tag, so they share a cluster slot)::
+
+    mortred:{<id>}:job:<job_id>  HASH   state, task, created, started, completed (ms,
+                                        Redis clock), attempt, owner, progress "s/t",
+                                        error, request (until terminal), result
+    mortred:{<id>}:depth         STRING admitted non-terminal jobs (invariant 3)
+    mortred:{<id>}:queue         STREAM one entry {job: <id>} per (re)queued job;
+                                        consumer group "workers"
+    mortred:{<id>}:pending       ZSET   pending job -> admission ms (overdue budget)
+    mortred:{<id>}:leases        ZSET   running job -> lease deadline ms
+    mortred:{<id>}:done          ZSET   terminal job -> last use (LRU; a use counter)
+    mortred:{<id>}:uses          STRING the use counter (INCR per terminal/use)
+    mortred:{<id>}:index         ZSET   every job -> admission ms (newest-first lists)
+    mortred:{<id>}:events        pub/sub channel: "t <job_id>" terminal,
+                                        "q <job_id>" queued
+
+Every multi-key transition is one script, so it is atomic across replicas:
+admission check + enqueue (``ADMIT``), claim (``CLAIM``: read the stream, ack and
+delete the entry, pending → running under a lease), the terminal transition
+(``TERMINATE``, which frees the request, decrements the depth once, enters
+retention and publishes), upkeep (``MAINTAIN``: renew this replica's leases,
+re-queue the jobs of replicas whose lease expired — or fail them after
+``max_attempts`` — time out pending jobs past their budget, forget expired
+retention entries) and ``HAND_BACK``. Times come from Redis ``TIME``, so the
+replicas' clocks never matter. Terminal jobs get ``PEXPIRE`` (the TTL) and are
+evicted oldest-use-first beyond ``max_completed``; a non-terminal job is never in
+``done`` and never expires.
+
+The scripts receive the key prefix as ``KEYS[1]`` and derive the other names.
+"""
+
+from __future__ import annotations
+
+from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
+from mortred_twisted.jobs.states import JobState
+
+GROUP = "workers"
+LOST_REPLICA_ERROR = "interrupted: replica lost"
+
+
+def key_prefix(model_id: str) -> str:
+    """``mortred:{<id>}:`` — the hash tag keeps one model's keys in one slot."""
+    return f"mortred:{{{model_id}}}:"
+
+
+_PRELUDE = """
+local P = KEYS[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function forget(id)
+  redis.call('DEL', P .. 'job:' .. id)
+  redis.call('ZREM', P .. 'done', id)
+  redis.call('ZREM', P .. 'index', id)
+end
+local function use_mark()
+  return redis.call('INCR', P .. 'uses')
+end
+local function depth()
+  return tonumber(redis.call('GET', P .. 'depth') or '0')
+end
+-- The one non-terminal -> terminal transition (callers check the state first).
+local function terminate(id, state, result, err, now, ttl_ms, max_completed)
+  local key = P .. 'job:' .. id
+  redis.call('HSET', key, 'state', state, 'completed', now)
+  if result then redis.call('HSET', key, 'result', result) end
+  if err then redis.call('HSET', key, 'error', err) end
+  redis.call('HDEL', key, 'request', 'owner')
+  redis.call('DECR', P .. 'depth')
+  redis.call('ZREM', P .. 'pending', id)
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('ZADD', P .. 'done', use_mark(), id)
+  if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+  local over = redis.call('ZCARD', P .. 'done') - max_completed
+  if over > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', P .. 'done', 0, over - 1)) do forget(old) end
+  end
+  redis.call('PUBLISH', P .. 'events', 't ' .. id)
+end
+local function requeue(id, key, attempt)
+  redis.call('HSET', key, 'state', 'pending', 'attempt', attempt)
+  redis.call('HDEL', key, 'owner', 'started', 'progress')
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('ZADD', P .. 'pending', redis.call('HGET', key, 'created'), id)
+  redis.call('XADD', P .. 'queue', '*', 'job', id)
+  redis.call('PUBLISH', P .. 'events', 'q ' .. id)
+end
+"""
+
+#: ARGV: max_queue, job_id, task_id, request -> {admitted (1, 0 full, -1 id taken), depth}
+ADMIT = (
+    _PRELUDE
+    + """
+local d = depth()
+if d >= tonumber(ARGV[1]) then return {0, d} end
+local id = ARGV[2]
+local key = P .. 'job:' .. id
+if redis.call('EXISTS', key) == 1 then return {-1, d} end
+local now = now_ms()
+redis.call('HSET', key, 'state', 'pending', 'task', ARGV[3], 'created', now,
+           'attempt', 1, 'request', ARGV[4])
+redis.call('INCR', P .. 'depth')
+redis.call('ZADD', P .. 'pending', now, id)
+redis.call('ZADD', P .. 'index', now, id)
+redis.call('XADD', P .. 'queue', '*', 'job', id)
+redis.call('PUBLISH', P .. 'events', 'q ' .. id)
+return {1, d + 1}
+"""
+)
+
+#: ARGV: owner, lease_ms -> false, or {job_id, request, age_ms, attempt}
+CLAIM = (
+    _PRELUDE
+    + """
+for _ = 1, 64 do
+  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1,
+                         'STREAMS', P .. 'queue', '>')
+  if not got then return false end
+  local entry = got[1][2][1]
+  redis.call('XACK', P .. 'queue', 'workers', entry[1])
+  redis.call('XDEL', P .. 'queue', entry[1])
+  local id = entry[2][2]
+  local key = P .. 'job:' .. id
+  local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt')
+  if f[1] == 'pending' then
+    local now = now_ms()
+    redis.call('HSET', key, 'state', 'running', 'owner', ARGV[1], 'started', now)
+    redis.call('ZREM', P .. 'pending', id)
+    redis.call('ZADD', P .. 'leases', now + tonumber(ARGV[2]), id)
+    return {id, f[2] or '', now - tonumber(f[3]), tonumber(f[4])}
+  end
+end
+return false
+"""
+)
+
+#: ARGV: job_id, state, result ('' none), error ('' none), owner ('' any),
+#: attempt ('' any), ttl_ms, max_completed -> {ended 1/0, depth}
+TERMINATE = (
+    _PRELUDE
+    + """
+local id = ARGV[1]
+local key = P .. 'job:' .. id
+local f = redis.call('HMGET', key, 'state', 'owner', 'attempt')
+local mine = ARGV[5] == '' or (f[2] == ARGV[5] and (ARGV[6] == '' or f[3] == ARGV[6]))
+if f[1] == 'pending' or (f[1] == 'running' and mine) then
+  local result = ARGV[3] ~= '' and ARGV[3] or false
+  local err = ARGV[4] ~= '' and ARGV[4] or false
+  terminate(id, ARGV[2], result, err, now_ms(), tonumber(ARGV[7]), tonumber(ARGV[8]))
+  return {1, depth()}
+end
+return {0, depth()}
+"""
+)
+
+#: ARGV: job_id -> false, or {state, task, created, started, completed, error,
+#: progress, attempt, now}; refreshes the LRU position of a terminal job.
+SNAPSHOT = (
+    _PRELUDE
+    + """
+local key = P .. 'job:' .. ARGV[1]
+local f = redis.call('HMGET', key, 'state', 'task', 'created', 'started', 'completed',
+                     'error', 'progress', 'attempt')
+if not f[1] then return false end
+local now = now_ms()
+if f[5] then redis.call('ZADD', P .. 'done', 'XX', use_mark(), ARGV[1]) end
+return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now}
+"""
+)
+
+#: ARGV: job_id -> false, or {state, task, result}; refreshes the LRU position.
+RESULT = (
+    _PRELUDE
+    + """
+local key = P .. 'job:' .. ARGV[1]
+local f = redis.call('HMGET', key, 'state', 'task', 'result', 'completed')
+if not f[1] then return false end
+if f[4] then redis.call('ZADD', P .. 'done', 'XX', use_mark(), ARGV[1]) end
+if f[1] ~= 'done' then return {f[1], f[2], false} end
+return {f[1], f[2], f[3]}
+"""
+)
+
+#: ARGV: job_id, owner, "step/total" -> 1 if recorded
+PROGRESS = (
+    _PRELUDE
+    + """
+local key = P .. 'job:' .. ARGV[1]
+local f = redis.call('HMGET', key, 'state', 'owner')
+if f[1] == 'running' and f[2] == ARGV[2] then
+  redis.call('HSET', key, 'progress', ARGV[3])
+  return 1
+end
+return 0
+"""
+)
+
+#: ARGV: job_id, owner -> 1 if the job went back to the queue (same attempt)
+HAND_BACK = (
+    _PRELUDE
+    + """
+local id = ARGV[1]
+local key = P .. 'job:' .. id
+local f = redis.call('HMGET', key, 'state', 'owner', 'attempt')
+if f[1] == 'running' and f[2] == ARGV[2] then
+  requeue(id, key, f[3])
+  return 1
+end
+return 0
+"""
+)
+
+#: ARGV: owner, lease_ms, max_attempts, ttl_ms, max_completed, budget_ms (0 none),
+#: overdue error text, then the ids this replica runs.
+#: -> {renewed, requeued, failed (lost), timed out, forgotten, depth}
+MAINTAIN = (
+    _PRELUDE
+    + """
+local owner, lease = ARGV[1], tonumber(ARGV[2])
+local max_attempts, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local budget = tonumber(ARGV[6])
+local now = now_ms()
+local renewed, requeued, lost, overdue, forgotten = 0, 0, 0, 0, 0
+for i = 8, #ARGV do
+  local f = redis.call('HMGET', P .. 'job:' .. ARGV[i], 'state', 'owner')
+  if f[1] == 'running' and f[2] == owner then
+    redis.call('ZADD', P .. 'leases', 'XX', now + lease, ARGV[i])
+    renewed = renewed + 1
+  end
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIMIT', 0, 100)) do
+  local key = P .. 'job:' .. id
+  local f = redis.call('HMGET', key, 'state', 'attempt')
+  redis.call('ZREM', P .. 'leases', id)
+  if f[1] == 'running' then
+    local attempt = tonumber(f[2] or '1')
+    if attempt >= max_attempts then
+      terminate(id, 'failed', false, 'interrupted: replica lost', now, ttl, cap)
+      lost = lost + 1
+    else
+      requeue(id, key, attempt + 1)
+      requeued = requeued + 1
+    end
+  end
+end
+if budget > 0 then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'pending', '-inf', now - budget,
+                                 'LIMIT', 0, 100)) do
+    local key = P .. 'job:' .. id
+    if redis.call('HGET', key, 'state') == 'pending' then
+      terminate(id, 'timeout', false, ARGV[7], now, ttl, cap)
+      overdue = overdue + 1
+    else
+      redis.call('ZREM', P .. 'pending', id)
+    end
+  end
+end
+for _, zset in ipairs({'done', 'index'}) do
+  for _, id in ipairs(redis.call('ZRANGE', P .. zset, 0, -1)) do
+    if redis.call('EXISTS', P .. 'job:' .. id) == 0 then
+      redis.call('ZREM', P .. zset, id)
+      if zset == 'done' then forgotten = forgotten + 1 end
+    end
+  end
+end
+return {renewed, requeued, lost, overdue, forgotten, depth()}
+"""
+)
+
+SCRIPTS: dict[str, str] = {
+    "admit": ADMIT,
+    "claim": CLAIM,
+    "terminate": TERMINATE,
+    "snapshot": SNAPSHOT,
+    "result": RESULT,
+    "progress": PROGRESS,
+    "hand_back": HAND_BACK,
+    "maintain": MAINTAIN,
+}
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _int(value: bytes | str | None) -> int | None:
+    text = _text(value)
+    return int(text) if text else None
+
+
+def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | None:
+    """The :class:`JobSnapshot` of a ``SNAPSHOT`` reply (None: unknown job)."""
+    if not reply:
+        return None
+    state, task, created, started, completed, error, progress, _attempt, now = reply
+    created_ms = _int(created) or 0  # type: ignore[arg-type]
+    started_ms = _int(started)  # type: ignore[arg-type]
+    completed_ms = _int(completed)  # type: ignore[arg-type]
+    end = completed_ms if completed_ms is not None else int(now)  # type: ignore[call-overload]
+    steps = None
+    text = _text(progress)  # type: ignore[arg-type]
+    if text:
+        step, _, total = text.partition("/")
+        steps = (int(step), int(total))
+    return JobSnapshot(
+        job_id=job_id,
+        state=JobState(_text(state)),  # type: ignore[arg-type]
+        task_id=_text(task) or "",  # type: ignore[arg-type]
+        elapsed_ms=max(0, end - created_ms),
+        error=_text(error),  # type: ignore[arg-type]
+        progress=steps,
+        queued_ms=None if started_ms is None else started_ms - created_ms,
+        completed_unix=None if completed_ms is None else completed_ms / 1000.0,
+    )
+
+
+def decode_result(reply: list[object] | None) -> ResultLookup:
+    """The :class:`ResultLookup` of a ``RESULT`` reply."""
+    if not reply:
+        return ResultLookup(found=False)
+    state, task, result = reply
+    return ResultLookup(
+        found=True,
+        state=JobState(_text(state)),  # type: ignore[arg-type]
+        result=result,
+        task_id=_text(task) or "",  # type: ignore[arg-type]
+    )

@@ -1,0 +1,270 @@
+"""``RedisJobStore``: the :class:`~mortred_twisted.jobs.store.JobStore` shared by every
+replica of one model id, on Redis (data model and scripts in
+:mod:`mortred_twisted.jobs.redis_scripts`).
+
+Pull mode: a replica takes a job with :meth:`claim_next` only when it has a free
+worker; the job runs under a lease (``job_lease_ms``) that :meth:`maintain`
+renews; a replica that stops renewing (killed, machine gone) has its jobs re-queued
+by any other replica's :meth:`maintain` with ``attempt + 1``, up to
+``job_max_attempts``, then they end ``failed`` ("interrupted: replica lost").
+
+Events: every terminal transition is published on the model's channel and
+becomes ``count_by_name(job_id)`` on this process's
+:class:`~mortred_twisted.runtime.counters.NamedCounters`, so a ``/wait`` parked
+on any replica wakes when any replica ends the job. After each (re)subscription
+the jobs that local waiters wait for are re-read and the terminal ones counted:
+no event is lost between subscribing and reading. "Queued" events call
+``on_queued`` (the runner's :meth:`~mortred_twisted.runtime.runner.JobRunner.kick`).
+
+A terminal transition that cannot be written because Redis is away is retried
+until it is (the job keeps its lease meanwhile), so a job that finished during
+an outage is not re-run.
+
+Thread contract: reactor thread, except :meth:`set_progress` (any thread).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup, new_job_id
+from mortred_twisted.jobs.redis_scripts import (
+    LOST_REPLICA_ERROR,
+    decode_result,
+    decode_snapshot,
+    key_prefix,
+)
+from mortred_twisted.jobs.states import TERMINAL_STATES, JobState
+from mortred_twisted.jobs.store import Claim, StoreUnavailable
+from mortred_twisted.runtime.counters import NamedCounters
+from mortred_twisted.runtime.redis_link import RedisLink
+
+log = Logger()
+
+__all__ = ["LOST_REPLICA_ERROR", "RedisJobStore", "replica_name"]
+
+RETRY_TERMINAL_S = 0.25
+
+
+def replica_name() -> str:
+    """This process's consumer/owner name: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{new_job_id()[4:12]}"
+
+
+class RedisJobStore:
+    """See the module docstring. Build, then :meth:`start`; :meth:`stop` at exit."""
+
+    pull = True
+    shared = True
+
+    def __init__(
+        self,
+        *,
+        reactor: Any,
+        link_factory: Callable[..., RedisLink],
+        model_id: str,
+        counters: NamedCounters,
+        max_queue: int,
+        job_ttl_ms: int,
+        max_completed: int,
+        lease_ms: int,
+        max_attempts: int,
+        budget_ms: int,
+        encode: Callable[[Any], bytes],
+        decode: Callable[[bytes], Any],
+        owner: str | None = None,
+    ) -> None:
+        self._reactor = reactor
+        self._prefix = key_prefix(model_id)
+        self._counters = counters
+        self._max_queue = max_queue
+        self._ttl_ms = job_ttl_ms
+        self._max_completed = max_completed
+        self._lease_ms = lease_ms
+        self._max_attempts = max_attempts
+        self._budget_ms = budget_ms
+        self._encode = encode
+        self._decode = decode
+        self.owner = owner or replica_name()
+        self.on_queued: Callable[[], None] | None = None
+        self._depth = 0
+        self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
+        self._stopped = False
+        self.link = link_factory(
+            reactor,
+            channel=self._prefix + "events",
+            stream=self._prefix + "queue",
+            on_event=self._on_event,
+            on_subscribed=self._resync_waiters,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.link.start()
+
+    def when_connected(self) -> Deferred[None]:
+        """Fires once Redis has been reached (scripts loaded, queue group made)."""
+        return self.link.when_connected()
+
+    def stop(self) -> Deferred[Any]:
+        self._stopped = True
+        return self.link.stop()
+
+    def _script(self, name: str, *args: Any) -> Deferred[Any]:
+        return self.link.script(name, [self._prefix], args)
+
+    # -- JobStore -------------------------------------------------------------------
+
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @property
+    def queue_depth(self) -> int:
+        return self._depth
+
+    def submit(self, request: Any, task_id: str = "") -> Deferred[str | None]:
+        payload = self._encode(request)
+        return Deferred.fromCoroutine(self._submit(payload, task_id))
+
+    async def _submit(self, payload: bytes, task_id: str) -> str | None:
+        for _ in range(8):
+            job_id = new_job_id()
+            admitted, depth = await self._script("admit", self._max_queue, job_id, task_id, payload)
+            self._depth = int(depth)
+            if admitted == 1:
+                return job_id
+            if admitted == 0:
+                return None
+        raise RuntimeError("could not draw a free job id")
+
+    def begin(self, job_id: str) -> None:
+        raise NotImplementedError("the Redis store is pull-only: use claim_next")
+
+    def claim_next(self) -> Deferred[Claim | None]:
+        return self._script("claim", self.owner, self._lease_ms).addCallback(self._claimed)
+
+    def _claimed(self, reply: Any) -> Claim | None:
+        if not reply:
+            return None
+        raw_id, payload, age_ms, attempt = reply
+        job_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+        self._held[job_id] = int(attempt)
+        request = self._decode(payload) if payload else None
+        if request is None:
+            self._held.pop(job_id, None)
+            raise RuntimeError(f"job {job_id} has no request payload")
+        return Claim(job_id, request, int(age_ms), int(attempt))
+
+    def terminate(
+        self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
+    ) -> Deferred[bool]:
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"not a terminal state: {state!r}")
+        attempt = self._held.get(job_id)
+        args = (
+            job_id, state.value, result or b"", (error or "").encode("utf-8"),
+            self.owner if attempt is not None else "", "" if attempt is None else attempt,
+            self._ttl_ms, self._max_completed,
+        )  # fmt: skip
+        return Deferred.fromCoroutine(self._terminate(job_id, args))
+
+    async def _terminate(self, job_id: str, args: tuple[Any, ...]) -> bool:
+        while True:
+            try:
+                ended, depth = await self._script("terminate", *args)
+                break
+            except StoreUnavailable:
+                if self._stopped or job_id not in self._held:
+                    raise
+                # Keep the lease (maintain renews it once Redis is back) and retry:
+                # a job that finished during an outage is not run again.
+                await deferLater(self._reactor, RETRY_TERMINAL_S, lambda: None)
+        self._held.pop(job_id, None)
+        self._depth = int(depth)
+        return ended == 1
+
+    def set_progress(self, job_id: str, step: int, total: int) -> None:
+        self._reactor.callFromThread(self._progress, job_id, f"{step}/{total}")
+
+    def _progress(self, job_id: str, text: str) -> None:
+        if job_id not in self._held:
+            return
+        d = self._script("progress", job_id, self.owner, text)
+        d.addErrback(lambda _f: None)  # progress is best effort
+
+    def snapshot(self, job_id: str) -> Deferred[JobSnapshot | None]:
+        return self._script("snapshot", job_id).addCallback(
+            lambda reply: decode_snapshot(job_id, reply)
+        )
+
+    def take_result(self, job_id: str) -> Deferred[ResultLookup]:
+        return self._script("result", job_id).addCallback(decode_result)
+
+    def maintain(self) -> Deferred[int]:
+        """Renew this replica's leases, re-queue or fail the jobs of lost replicas,
+        time out overdue pending jobs, forget expired retention entries."""
+        overdue = f"job exceeded async_timeout ({self._budget_ms} ms) while waiting for a worker"
+        d = self._script(
+            "maintain", self.owner, self._lease_ms, self._max_attempts, self._ttl_ms,
+            self._max_completed, self._budget_ms, overdue, *self._held,
+        )  # fmt: skip
+
+        def done(reply: Any) -> int:
+            _renewed, requeued, lost, timed_out, forgotten, depth = (int(x) for x in reply)
+            self._depth = depth
+            if requeued or lost:
+                log.warn(
+                    "re-queued {n} job(s) of a lost replica; {m} failed after "
+                    "{a} attempt(s)", n=requeued, m=lost, a=self._max_attempts,
+                )  # fmt: skip
+            if self.on_queued is not None:
+                self.on_queued()
+            return lost + timed_out + forgotten
+
+        return d.addCallback(done)
+
+    def orphaned_at_shutdown(self) -> list[str]:
+        return []  # jobs outlive a replica: pending ones stay queued for the others
+
+    def hand_back(self, job_id: str) -> Deferred[bool]:
+        if job_id not in self._held:
+            d: Deferred[bool] = Deferred()
+            d.callback(False)
+            return d
+
+        def done(reply: Any) -> bool:
+            self._held.pop(job_id, None)
+            return int(reply) == 1
+
+        return self._script("hand_back", job_id, self.owner).addCallback(done)
+
+    # -- events ---------------------------------------------------------------------
+
+    def _on_event(self, message: bytes) -> None:
+        kind, _, job = message.partition(b" ")
+        if kind == b"t":
+            self._counters.count_by_name(job.decode(), None)
+        elif kind == b"q" and self.on_queued is not None:
+            self.on_queued()
+
+    def _resync_waiters(self) -> None:
+        """After (re)subscribing: count the waited-for jobs that are terminal now."""
+        for job_id in self._counters.names():
+            d = self.snapshot(job_id)
+
+            def wake(snap: JobSnapshot | None, job_id: str = job_id) -> None:
+                if snap is None or snap.terminal:
+                    self._counters.count_by_name(job_id, None)
+
+            d.addCallbacks(wake, lambda _f: None)
+        if self.on_queued is not None:
+            self.on_queued()
