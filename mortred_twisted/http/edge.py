@@ -217,9 +217,10 @@ class EdgeBase:
             {"Retry-After": str(retry)},
         )
 
-    def _parse_and_validate(self, request: IRequest):
-        """400 → 503 → 422: parse the envelope and let the model validate params."""
-        parsed = parse_envelope(request.content.read(), self._request_id(request))
+    def _parse_and_validate(self, request: IRequest, job_fields: dict[str, Any] | None = None):
+        """400 → 503 → 422: parse the envelope and let the model validate params
+        (job-only envelope fields go into ``job_fields`` when given)."""
+        parsed = parse_envelope(request.content.read(), self._request_id(request), job_fields)
         rt = self.runtime
         if not rt.ready or rt.validator is None:
             raise self._not_ready()

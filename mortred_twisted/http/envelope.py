@@ -43,9 +43,19 @@ def _b64(field: str, value: Any) -> bytes:
     return raw
 
 
-def parse_envelope(body: bytes, header_request_id: str | None = None) -> InferenceRequest:
+#: Envelope fields only a job submit accepts (taken out into ``job_fields``).
+JOB_ONLY_FIELDS = ("webhook", "webhook_events_filter")
+
+
+def parse_envelope(
+    body: bytes,
+    header_request_id: str | None = None,
+    job_fields: dict[str, Any] | None = None,
+) -> InferenceRequest:
     """Parse a request body into an :class:`InferenceRequest` (params not yet validated).
 
+    With ``job_fields`` (a job submit), the job-only fields (:data:`JOB_ONLY_FIELDS`)
+    are accepted and moved into it; elsewhere they are unknown fields.
     Raises :class:`ApiError` (400 code 50 / 422 code 52).
     """
     try:
@@ -55,6 +65,11 @@ def parse_envelope(body: bytes, header_request_id: str | None = None) -> Inferen
     if not isinstance(doc, dict):
         raise _invalid("body", "must be a JSON object")
     known = {"req_id", "images", "img_data", "params"}
+    if job_fields is not None:
+        known.update(JOB_ONLY_FIELDS)
+        for name in JOB_ONLY_FIELDS:
+            if name in doc:
+                job_fields[name] = doc[name]
     unknown = sorted(set(doc) - known)
     if unknown:
         raise _invalid(unknown[0], f"unknown field (accepted: {', '.join(sorted(known))})")

@@ -19,7 +19,6 @@ Thread contract: reactor thread only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +33,16 @@ from mortred_twisted.http.edge import EdgeBase, json_bytes
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fastpath import FastRoutes
+from mortred_twisted.http.job_control import JobControlRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.ratelimit import RateLimiter
-from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
+from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
+from mortred_twisted.jobs.ledger import Admission, JobSnapshot, ResultLookup
+from mortred_twisted.jobs.status import status_body
 from mortred_twisted.jobs.store import Maybe, StoreUnavailable, then
+from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
+from mortred_twisted.runtime.inference import QueueFull
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
 log = Logger()
@@ -57,7 +61,7 @@ def parse_wait_timeout(raw: bytes | None) -> int:
     return min(int(text), WAIT_CAP_MS)
 
 
-class ModelServerApp(EdgeBase):
+class ModelServerApp(JobControlRoutes, EdgeBase):
     """Klein routes of one model server. Build with :meth:`resource` for a Site."""
 
     def __init__(
@@ -76,7 +80,7 @@ class ModelServerApp(EdgeBase):
         self._routes: dict[str, tuple[str, ...]] = {}
 
         def add(path: str, methods: tuple[str, ...], label: str, handler: Callable) -> None:
-            self._routes[path] = methods
+            self._routes[path] = self._routes.get(path, ()) + methods
             route(path, methods=list(methods), strict_slashes=False)(
                 self._instrumented(label, handler)
             )
@@ -90,6 +94,9 @@ class ModelServerApp(EdgeBase):
         add("/jobs/<job_id>", ("GET",), "jobs_status", self.job_status)
         add("/jobs/<job_id>/wait", ("GET",), "jobs_wait", self.job_wait)
         add("/jobs/<job_id>/result", ("GET",), "jobs_result", self.job_result)
+        add("/jobs", ("GET",), "jobs_list", self.list_jobs)
+        add("/jobs/<job_id>", ("DELETE",), "jobs_cancel", self.cancel_job)
+        add("/jobs/<job_id>/events", ("GET",), "jobs_events", self.job_events)
         self.app.handle_errors(MethodNotAllowed)(self._method_not_allowed)
         self.app.handle_errors(NotFound)(self._not_found)
 
@@ -162,6 +169,12 @@ class ModelServerApp(EdgeBase):
             sync = self.runtime.sync
             assert sync is not None  # ready implies wired
             work = sync.infer(valid)
+        except QueueFull as exc:
+            full = to_api_error(exc)
+            full.headers["Retry-After"] = self.runtime.retry_after(
+                "sync", self.config.max_queue_depth
+            )
+            return self._envelope_error(request, full, req_id)
         except Exception as exc:
             return self._envelope_error(request, to_api_error(exc), req_id)
 
@@ -196,37 +209,77 @@ class ModelServerApp(EdgeBase):
         if err is not None:
             return self._job_error(request, err, req_id)
         rt = self.runtime
+        job_fields: dict[str, Any] = {}
         try:
-            valid, req_id = self._parse_and_validate(request)
+            key = check_key(self._header(request, b"idempotency-key"))
+            valid, req_id = self._parse_and_validate(request, job_fields)
+            webhook = self._webhook_target(job_fields)
             err = self._rate_limited(request)
             if err is not None:
                 raise err
+        except BadIdempotencyKey as exc:
+            return self._job_error(request, ApiError(E.INVALID_REQUEST, str(exc), status=400))
         except Exception as exc:
             return self._job_error(request, to_api_error(exc), req_id)
-        admitted = rt.store.submit(valid, task_id=req_id)
-        answer = then(admitted, lambda job_id: self._admitted(request, job_id, req_id))
+        owner, _ = self.principal(request)
+        admit = getattr(rt.store, "admit", None)
+        if admit is None:  # a store without the job-API features yet
+            if key is not None or webhook is not None:
+                return self._job_error(request, _needs_admit(), req_id)
+            admitted = then(rt.store.submit(valid, task_id=req_id), Admission)
+        else:
+            fp = ""
+            if key is not None:
+                request.content.seek(0)
+                fp = fingerprint(request.content.read())
+            admitted = admit(
+                valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook
+            )
+        answer = then(admitted, lambda a: self._admitted(request, a, req_id))
         return self._store_errors(request, answer, req_id)
 
-    def _admitted(self, request: IRequest, job_id: str | None, req_id: str) -> bytes:
+    def _webhook_target(self, fields: dict[str, Any]) -> tuple[str, frozenset[str]] | None:
+        """The submitted ``webhook`` and its events, checked against the allowlist."""
+        if "webhook" not in fields:
+            if "webhook_events_filter" in fields:
+                raise ApiError(E.INVALID_REQUEST, "webhook_events_filter: needs a webhook")
+            return None
+        try:
+            url = check_target(fields["webhook"], frozenset(self.config.webhook_allowed_hosts))
+            events = parse_events_filter(fields.get("webhook_events_filter"))
+        except WebhookRejected as exc:
+            raise ApiError(E.INVALID_REQUEST, f"invalid request: {exc}") from None
+        return url, events
+
+    def _admitted(self, request: IRequest, admission: Admission, req_id: str) -> bytes:
         rt = self.runtime
+        job_id = admission.job_id
+        if admission.conflict:
+            conflict = ApiError(
+                E.INVALID_REQUEST,
+                "Idempotency-Key: already used for a different request body",
+            )
+            return self._job_error(request, conflict, req_id)
         if job_id is None:
             rt.metrics.async_rejected.inc()
             full = ApiError(
                 E.TOO_MANY_REQUESTS,
                 f"async queue full (max {rt.store.max_queue})",
-                {"Retry-After": "1"},
+                {"Retry-After": rt.retry_after("async")},
             )
             return self._job_error(request, full, req_id)
-        rt.metrics.job_events["submitted"].inc()
-        assert rt.runner is not None
-        if rt.store.pull:
-            rt.runner.kick()  # a free worker here takes it (or another replica's)
+        headers = {"Location": f"/jobs/{job_id}"}
+        if admission.replayed:
+            headers["Idempotent-Replayed"] = "true"
         else:
-            rt.runner.start(job_id)
+            rt.metrics.job_events["submitted"].inc()
+            assert rt.runner is not None
+            if rt.store.pull:
+                rt.runner.kick()  # a free worker here takes it (or another replica's)
+            else:
+                rt.runner.start(job_id)
         body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}
-        return self._respond(
-            request, 202, json_bytes(body), req_id, {"Location": f"/jobs/{job_id}"}
-        )
+        return self._respond(request, 202, json_bytes(body), req_id, headers)
 
     def _store_errors(self, request: IRequest, answer: Maybe[bytes], req_id: str | None) -> Any:
         """A store's answer as is, or 503 when the (shared) store is unreachable."""
@@ -242,28 +295,7 @@ class ModelServerApp(EdgeBase):
 
     @staticmethod
     def _status_body(snap: JobSnapshot) -> bytes:
-        """The status answer, assembled directly (every poll builds one).
-
-        Job ids are ``job_`` + hex and states are fixed words, so only the free text
-        (``error``, ``req_id``) goes through the JSON encoder.
-        """
-        job_id = snap.job_id
-        parts = [
-            f'{{"job_id":"{job_id}","state":"{snap.state.value}","elapsed_ms":{snap.elapsed_ms}'
-        ]
-        if snap.error is not None:
-            parts.append(f',"error":{json.dumps(snap.error)}')
-        if snap.progress is not None:
-            parts.append(f',"progress":{{"step":{snap.progress[0]},"total":{snap.progress[1]}}}')
-        if snap.queued_ms is not None:
-            parts.append(f',"queued_ms":{snap.queued_ms}')
-        if snap.completed_unix is not None:
-            parts.append(f',"completed_at":{snap.completed_unix:.6f}')
-        parts.append(
-            f',"req_id":{json.dumps(snap.task_id)},"poll_url":"/jobs/{job_id}",'
-            f'"result_url":"/jobs/{job_id}/result"}}'
-        )
-        return "".join(parts).encode("utf-8")
+        return status_body(snap)
 
     def _job_lookup_error(self, request: IRequest, job_id: str) -> bytes:
         err = ApiError(E.NOT_FOUND, f"job not found: {job_id}")
@@ -362,3 +394,10 @@ class ModelServerApp(EdgeBase):
         return self._respond(
             request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id
         )
+
+
+def _needs_admit() -> ApiError:
+    return ApiError(
+        E.NOT_FOUND, "Idempotency-Key and webhooks are not available with this job store",
+        status=501,
+    )  # fmt: skip

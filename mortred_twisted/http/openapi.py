@@ -85,9 +85,49 @@ def build_openapi(
             }
         },
         "/jobs": {
+            "get": {
+                "summary": "List your jobs, newest first (cursor paging)",
+                "security": security,
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "required": False,
+                        "description": "comma list of states to keep, e.g. pending,running",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "required": False,
+                        "description": "next_cursor of the previous page",
+                        "schema": {"type": "string"},
+                    },
+                ],
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/JobList"}, "A page of jobs"),
+                    "400": _json(_ERROR, "invalid state, limit or cursor"),
+                },
+            },
             "post": {
                 "summary": "Submit an async job (202 at admission)",
                 "security": security,
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": "1-255 visible ASCII characters; the same key and body "
+                        "replay the first job (Idempotent-Replayed: true), another body is 422",
+                        "schema": {"type": "string", "maxLength": 255},
+                    }
+                ],
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -100,7 +140,7 @@ def build_openapi(
                     "422": _json(_ERROR, "Invalid envelope or params; nothing admitted"),
                     "429": _json(_ERROR, "async queue full; see Retry-After"),
                 },
-            }
+            },
         },
         "/jobs/{job_id}": {
             "get": {
@@ -108,6 +148,35 @@ def build_openapi(
                 "security": security,
                 "parameters": [job_id],
                 "responses": {"200": status_ok, "404": _json(_ERROR, "job not found")},
+            },
+            "delete": {
+                "summary": "Cancel a job (pending: at once; running: asked to stop)",
+                "security": security,
+                "parameters": [job_id],
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/JobStatus"}, "Cancelled"),
+                    "202": _json(
+                        {"$ref": "#/components/schemas/JobStatus"},
+                        "Running: cancel requested (cancel_requested: true)",
+                    ),
+                    "404": _json(_ERROR, "job not found"),
+                    "409": _json(_ERROR, "job already finished (state: …)"),
+                },
+            },
+        },
+        "/jobs/{job_id}/events": {
+            "get": {
+                "summary": "Live events (text/event-stream): state, progress, then a terminal "
+                "event named after the state",
+                "security": security,
+                "parameters": [job_id],
+                "responses": {
+                    "200": {
+                        "description": "server-sent events; data is the JobStatus JSON",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    "404": _json(_ERROR, "job not found"),
+                },
             }
         },
         "/jobs/{job_id}/wait": {
@@ -172,8 +241,30 @@ def build_openapi(
                             "properties": param_props,
                             "additionalProperties": False,
                         },
+                        "webhook": {
+                            "type": "string",
+                            "format": "uri",
+                            "description": "jobs only: http(s) URL on a host in the server's "
+                            "webhook_allowed_hosts; receives signed job events",
+                        },
+                        "webhook_events_filter": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": ["start", "progress", "completed"]},
+                            "description": "jobs only: events to deliver (default all)",
+                        },
                     },
                     "additionalProperties": False,
+                },
+                "JobList": {
+                    "type": "object",
+                    "required": ["jobs", "next_cursor"],
+                    "properties": {
+                        "jobs": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/JobStatus"},
+                        },
+                        "next_cursor": {"type": "string", "nullable": True},
+                    },
                 },
                 "Envelope": {
                     "type": "object",
@@ -216,9 +307,25 @@ def build_openapi(
                         "job_id": {"type": "string"},
                         "state": {
                             "type": "string",
-                            "enum": ["pending", "running", "done", "failed", "timeout"],
+                            "enum": [
+                                "pending",
+                                "running",
+                                "done",
+                                "failed",
+                                "timeout",
+                                "cancelled",
+                            ],
                         },
                         "elapsed_ms": {"type": "integer"},
+                        "queue_position": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "pending only: 1 = next to get a worker",
+                        },
+                        "cancel_requested": {
+                            "type": "boolean",
+                            "description": "running and asked to stop",
+                        },
                         "queued_ms": {"type": "integer"},
                         "completed_at": {
                             "type": "number",

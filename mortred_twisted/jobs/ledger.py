@@ -150,11 +150,13 @@ class _Job:
         "started_at",
         "state",
         "task_id",
+        "webhook",
     )
 
     def __init__(
         self, job_id: str, task_id: str, request: Any, now: float, seq: int, owner: str
     ) -> None:
+        self.webhook: tuple[str, frozenset[str]] | None = None
         self.job_id = job_id
         self.task_id = task_id
         self.request = request
@@ -249,8 +251,10 @@ class AsyncJobTable(Generic[RequestT]):
         owner: str = "",
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        webhook: tuple[str, frozenset[str]] | None = None,
     ) -> Admission:
         """Admit a job for ``owner``, at most once per ``(owner, idempotency_key)``.
+        ``webhook`` (URL, events) is kept with the job for its lifetime.
 
         One critical section: retention, the key lookup, the queue-full check, the
         depth increment and the key's registration, so concurrent submits with one
@@ -274,6 +278,7 @@ class AsyncJobTable(Generic[RequestT]):
                 job_id = self._id_factory()
             self._seq += 1
             job = _Job(job_id, task_id, request, self._clock(), self._seq, owner)
+            job.webhook = webhook
             if idempotency_key is not None:
                 job.idempotency = (owner, idempotency_key, fingerprint)
                 self._idempotency[(owner, idempotency_key)] = job_id
@@ -315,6 +320,11 @@ class AsyncJobTable(Generic[RequestT]):
                 outcome = CancelOutcome.FINISHED
             self._touch_locked(job)
             return outcome, self._snapshot_locked(job)
+
+    def webhook_of(self, job_id: str) -> tuple[str, frozenset[str]] | None:
+        """The job's webhook (URL, events), if it was submitted with one."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.webhook
 
     def cancel_requested(self, job_id: str) -> bool:
         """Whether a running job has been asked to stop."""

@@ -64,11 +64,15 @@ class MemoryJobStore(Generic[RequestT]):
         owner: str = "",
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        webhook: tuple[str, frozenset[str]] | None = None,
     ) -> Admission:
         return self.ledger.admit(
             request, task_id, owner=owner, idempotency_key=idempotency_key,
-            fingerprint=fingerprint,
+            fingerprint=fingerprint, webhook=webhook,
         )  # fmt: skip
+
+    def webhook_of(self, job_id: str) -> tuple[str, frozenset[str]] | None:
+        return self.ledger.webhook_of(job_id)
 
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None

@@ -114,6 +114,7 @@ class JobStore(Protocol[RequestT]):
         owner: str = "",
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        webhook: tuple[str, frozenset[str]] | None = None,
     ) -> Maybe[Admission]:
         """Admit a job for ``owner`` (the caller's principal), at most once per
         ``(owner, idempotency_key)`` while that key's job is retained: the key's job
@@ -124,6 +125,10 @@ class JobStore(Protocol[RequestT]):
     def cancel(self, job_id: str) -> Maybe[tuple[CancelOutcome, JobSnapshot | None]]:
         """Pending → ``cancelled`` at once; running → flagged (the runner that runs
         it stops it); terminal → unchanged. What happened, and the snapshot after."""
+        ...
+
+    def webhook_of(self, job_id: str) -> Maybe[tuple[str, frozenset[str]] | None]:
+        """The webhook (URL, events filter) the job was submitted with, if any."""
         ...
 
     def cancel_requested(self, job_id: str) -> Maybe[bool]:

@@ -88,7 +88,8 @@ class ServerMetrics:
         r = self.registry
         self.async_jobs = Counter(
             "mortred_async_jobs",
-            "Async jobs by lifecycle event (submitted, running, done, failed, timeout).",
+            "Async jobs by lifecycle event (submitted, running, done, failed, timeout, "
+            "cancelled).",
             ["state"],
             registry=r,
         )
@@ -145,6 +146,16 @@ class ServerMetrics:
             "Long-polls answered, by reason (terminal, budget, immediate).",
             ["reason"],
             registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "mortred_webhook_deliveries",
+            "Webhook messages by event (start, progress, completed) and final outcome "
+            "(delivered, failed, dropped).",
+            ["event", "outcome"],
+            registry=r,
+        )
+        self.event_streams = Gauge(
+            "mortred_job_event_streams", "Open /jobs/{id}/events streams.", registry=r
         )
 
     def bind_gauges(

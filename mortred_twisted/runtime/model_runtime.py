@@ -25,6 +25,8 @@ from mortred_twisted.config.server import ServerConfig, parse_redis_url
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.store import JobStore
+from mortred_twisted.jobs.status import retry_after_s
+from mortred_twisted.jobs.webhooks import secret_key
 from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model
@@ -34,7 +36,9 @@ from mortred_twisted.models.threads import apply_torch_threads, torch_threads_fo
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.execution import ThreadRunner
 from mortred_twisted.runtime.inference import SyncInference
+from mortred_twisted.runtime.job_events import JobEvents
 from mortred_twisted.runtime.runner import JobRunner
+from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
 
 log = Logger()
@@ -60,6 +64,8 @@ class ModelRuntime:
         threads: ThreadRunner,
         metrics: ServerMetrics | None = None,
         build_model: ModelBuilder = create_model,
+        call_from_thread: Callable[..., Any] | None = None,
+        webhook_client: WebhookHttpClient | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -70,6 +76,20 @@ class ModelRuntime:
         #: The in-process ledger (memory store only; None with a shared store).
         self.ledger: AsyncJobTable[InferenceRequest] | None = None
         self.store: JobStore[InferenceRequest] = self._build_store()
+        self.webhooks: WebhookSender | None = None
+        if webhook_client is not None and config.webhook_allowed_hosts:
+            key = secret_key(config.webhook_secret) if config.webhook_secret else None
+            self.webhooks = WebhookSender(
+                clock=clock, client=webhook_client, key=key,
+                deliveries=self.metrics.webhook_deliveries,
+            )  # fmt: skip
+        #: job lifecycle fan-out: event streams and webhooks (see runtime/job_events.py)
+        self.events = JobEvents(
+            store=self.store,
+            counters=self.counters,
+            call_from_thread=call_from_thread or (lambda fn, *a: fn(*a)),
+            webhooks=self.webhooks,
+        )
         self.readiness = Readiness.LOADING
         self.load_error: str | None = None
         self.models: list[Model] = []
@@ -83,6 +103,21 @@ class ModelRuntime:
             ready=lambda: 1.0 if self.ready else 0.0,
             waiters=lambda: self.counters.total_waiting,
         )
+
+    def mean_run_s(self, path: str) -> float | None:
+        """Mean model run time so far on ``path`` (``sync``/``async``), in seconds."""
+        registry = self.metrics.registry
+        labels = {"path": path}
+        count = registry.get_sample_value("mortred_inference_duration_ms_count", labels)
+        total = registry.get_sample_value("mortred_inference_duration_ms_sum", labels)
+        if not count or total is None:
+            return None
+        return total / count / 1000.0
+
+    def retry_after(self, path: str, waiting_ahead: int = 0) -> str:
+        """``Retry-After`` for a 429 on ``path``, estimated from the queue."""
+        busy = self.workers.busy if self.workers is not None else 1
+        return str(retry_after_s(self.mean_run_s(path), busy, waiting_ahead))
 
     def _build_store(self) -> JobStore[InferenceRequest]:
         cfg = self.config
@@ -192,6 +227,7 @@ class ModelRuntime:
             counters=self.counters,
             metrics=self.metrics,
             budget_ms=cfg.async_timeout,
+            events=self.events,
         )
         self.sync = SyncInference(
             clock=self.clock,

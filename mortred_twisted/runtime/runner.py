@@ -46,6 +46,7 @@ from mortred_twisted.models.base import (
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.execution import EncodedResult, ThreadRunner, run_and_encode
+from mortred_twisted.runtime.job_events import JobEvents
 from mortred_twisted.runtime.workers import WorkerLease, WorkerPool
 
 log = Logger()
@@ -75,6 +76,7 @@ class JobRunner:
         metrics: ServerMetrics,
         budget_ms: int,
         on_terminal: Callable[[str], None] | None = None,
+        events: JobEvents | None = None,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -84,8 +86,10 @@ class JobRunner:
         self._metrics = metrics
         self._budget_s = budget_ms / 1000.0 if budget_ms > 0 else None
         self._on_terminal = on_terminal
+        self._events = events
         self._inflight: dict[str, Deferred[None]] = {}
         self._contexts: dict[str, RunContext] = {}
+        self._cancelling: set[str] = set()
         self._admitted_at: dict[str, float] = {}
         self._draining = False
         self._pulling = False
@@ -97,6 +101,29 @@ class JobRunner:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+    # -- cancel -------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop this process's series of a job the store has cancelled or flagged.
+
+        A running job: its run's cancel flag is set; the model stops at its next
+        step boundary (a process worker that ignores it is killed after
+        ``cancel_grace_ms``) and the job ends ``cancelled`` (or ``done``/``failed``
+        if it finished first). A job still waiting for a worker: the wait is
+        cancelled, so it never takes one. False when this process runs no series
+        of the job (another replica may).
+        """
+        ctx = self._contexts.get(job_id)
+        if ctx is not None:
+            self._cancelling.add(job_id)
+            ctx.cancel()
+            return True
+        series = self._inflight.get(job_id)
+        if series is not None:
+            series.cancel()
+            return True
+        return False
 
     # -- push ---------------------------------------------------------------------
 
@@ -218,6 +245,8 @@ class JobRunner:
         outcome: tuple[JobState, Any]
         try:
             self._metrics.job_events["running"].inc()
+            if self._events is not None:
+                self._events.started(job_id)
             ctx = RunContext(on_progress=lambda step, total: self._progress(job_id, step, total))
             self._contexts[job_id] = ctx
             run = self._threads.run(run_and_encode, lease.worker, request, ctx)
@@ -232,8 +261,11 @@ class JobRunner:
             outcome = (JobState.DONE, result.data_json)
         except DeadlineExpired:
             outcome = (JobState.TIMEOUT, self._budget_message("running"))
-        except RunCancelled:
-            outcome = (JobState.FAILED, "cancelled")
+        except RunCancelled as exc:
+            if job_id in self._cancelling:
+                outcome = (JobState.CANCELLED, f"cancelled by request ({exc})")
+            else:
+                outcome = (JobState.FAILED, "cancelled")
         except Exception as exc:
             log.failure("job {job_id} failed", job_id=job_id)
             outcome = (JobState.FAILED, describe_error(exc))
@@ -241,6 +273,7 @@ class JobRunner:
             if lease is not None:
                 lease.release()
             self._contexts.pop(job_id, None)
+            self._cancelling.discard(job_id)
         await settle(self._end(job_id, *outcome))
 
     @staticmethod
@@ -251,6 +284,8 @@ class JobRunner:
     def _progress(self, job_id: str, step: int, total: int) -> None:
         # Called on the worker thread; set_progress is thread-safe by contract.
         self._store.set_progress(job_id, step, total)
+        if self._events is not None:
+            self._events.progress(job_id, step, total)
 
     def _budget_message(self, phase: str) -> str:
         budget_ms = int((self._budget_s or 0) * 1000)
@@ -277,6 +312,8 @@ class JobRunner:
             self._counters.count_by_name(job_id, None)
             if self._on_terminal is not None:
                 self._on_terminal(job_id)
+            if self._events is not None:
+                self._events.ended(job_id)
 
         return then(ended, after)
 

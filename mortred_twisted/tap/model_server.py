@@ -215,7 +215,19 @@ def build_service(
         switch_interval_s=switch_interval_s, niceness=config.worker_nice,
     )  # fmt: skip
     threads.setServiceParent(top)
-    runtime = ModelRuntime(config, clock=reactor, threads=threads, metrics=ServerMetrics())
+    webhook_client = None
+    if config.webhook_allowed_hosts:
+        # Webhook deliveries (treq over the reactor; see runtime/webhooks.py).
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent, HTTPConnectionPool
+
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        pool.maxPersistentPerHost = 4
+        webhook_client = HTTPClient(Agent(reactor, pool=pool))
+    runtime = ModelRuntime(
+        config, clock=reactor, threads=threads, metrics=ServerMetrics(),
+        call_from_thread=reactor.callFromThread, webhook_client=webhook_client,
+    )  # fmt: skip
     limiter = RateLimiter(reactor.seconds) if config.rate_limit_qps > 0 else None
     app = ModelServerApp(runtime, rate_limiter=limiter)
     server = ModelServerService(
