@@ -96,6 +96,7 @@ class RedisJobStore:
         self.on_queued: Callable[[], None] | None = None
         self._depth = 0
         self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
+        self._handed_back: set[str] = set()  # its late end must not touch the job
         self._stopped = False
         self.link = link_factory(
             reactor,
@@ -169,6 +170,11 @@ class RedisJobStore:
     ) -> Deferred[bool]:
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state!r}")
+        if job_id in self._handed_back:  # the run we stopped: the job is queued again
+            self._handed_back.discard(job_id)
+            refused: Deferred[bool] = Deferred()
+            refused.callback(False)
+            return refused
         attempt = self._held.get(job_id)
         args = (
             job_id, state.value, result or b"", (error or "").encode("utf-8"),
@@ -240,6 +246,8 @@ class RedisJobStore:
             d: Deferred[bool] = Deferred()
             d.callback(False)
             return d
+
+        self._handed_back.add(job_id)
 
         def done(reply: Any) -> bool:
             self._held.pop(job_id, None)
