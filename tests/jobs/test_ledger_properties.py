@@ -2,8 +2,9 @@
 
 The machine keeps a plain model of the ledger (each job's state and payload, the
 retention order by completion and by use) and drives the real class with every
-public operation: submit, the transitions, set_progress, snapshot, take_request,
-take_result, wait, evict_expired and the passage of time on an injected clock.
+public operation: submit, admit with idempotency keys, the transitions, cancel (and
+the runner ending a flagged run), set_progress, snapshot, take_request, take_result,
+wait, evict_expired and the passage of time on an injected clock.
 Each rule checks the answer of the call against the model; the invariants are the
 seed's five, as far as each can be observed from one thread:
 
@@ -31,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from mortred_twisted.jobs.ledger import AsyncJobTable, JobSnapshot
-from mortred_twisted.jobs.states import TERMINAL_STATES, JobState
+from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
 
 MAX_QUEUE = 4
 TTL_MS = 5_000
@@ -65,6 +66,10 @@ class ModelJob:
     result: Any = None
     error: str | None = None
     progress: tuple[int, int] | None = None
+    seq: int = 0
+    cancel_requested: bool = False
+    key: str | None = None
+    fingerprint: str = ""
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -87,6 +92,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.by_use: OrderedDict[str, None] = OrderedDict()  # terminal jobs, LRU first
         self.evicted: set[str] = set()
         self.serial = 0
+        self.keys: dict[str, str] = {}  # idempotency key -> job id, while retained
 
     # -- the model ----------------------------------------------------------------
 
@@ -95,6 +101,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _forget(self, job_id: str) -> None:
         assert self.model[job_id].state in TERMINAL_STATES, "the model evicts a live job"
+        key = self.model[job_id].key
+        if key is not None:
+            del self.keys[key]
         del self.model[job_id]
         self.by_completion.pop(job_id, None)
         self.by_use.pop(job_id, None)
@@ -136,6 +145,14 @@ class LedgerMachine(RuleBasedStateMachine):
             assert snap.completed_unix is None
         else:
             assert snap.completed_unix == job.completed_at + WALL_OFFSET
+        assert snap.cancel_requested == (job.cancel_requested and job.state is JobState.RUNNING)
+        if job.state is JobState.PENDING:
+            ahead = [
+                j for j in self.model.values() if j.state is JobState.PENDING and j.seq < job.seq
+            ]
+            assert snap.queue_position == len(ahead) + 1, "queue position off"
+        else:
+            assert snap.queue_position is None
 
     # -- rules --------------------------------------------------------------------
 
@@ -154,8 +171,77 @@ class LedgerMachine(RuleBasedStateMachine):
         assert job_id is not None, "refused below max_queue"
         assert job_id.startswith("job_")
         assert job_id not in self.model and job_id not in self.evicted, "job id reused"
-        self.model[job_id] = ModelJob(task_id, request, created_at=self.clock())
+        self.model[job_id] = ModelJob(task_id, request, created_at=self.clock(), seq=self.serial)
         return job_id
+
+    @rule(target=jobs, key=st.sampled_from(["k1", "k2"]), body=st.sampled_from(["a", "b"]))
+    def admit_with_key(self, key: str, body: str) -> str:
+        """A known key replays its job (same body) or conflicts (other body), even when
+        the queue is full; an unknown key admits like submit() and is remembered."""
+        self.serial += 1
+        gone = self._evict()
+        answer = self.table.admit(
+            {"body": body}, task_id=f"req-{self.serial}", idempotency_key=key, fingerprint=body
+        )
+        for evicted in gone:
+            assert self.table.state(evicted) is None
+        known = self.keys.get(key)
+        if known is not None:
+            same = self.model[known].fingerprint == body
+            assert answer.replayed == same and answer.conflict == (not same)
+            assert answer.job_id == (known if same else None)
+            if same:
+                self._touch(known)
+            return UNKNOWN
+        assert not answer.replayed and not answer.conflict
+        if self._depth() >= MAX_QUEUE:
+            assert answer.job_id is None
+            return UNKNOWN
+        job_id = answer.job_id
+        assert job_id is not None and job_id not in self.model and job_id not in self.evicted
+        self.model[job_id] = ModelJob(
+            f"req-{self.serial}", {"body": body}, created_at=self.clock(), seq=self.serial,
+            key=key, fingerprint=body,
+        )  # fmt: skip
+        self.keys[key] = job_id
+        return job_id
+
+    @rule(job_id=st.one_of(jobs, st.just(UNKNOWN)))
+    def cancel(self, job_id: str) -> None:
+        """A pending job ends cancelled at once; a running one is only flagged; a
+        terminal one is left alone; the answer says which."""
+        job = self.model.get(job_id)
+        outcome, snap = self.table.cancel(job_id)
+        if job is None:
+            assert outcome is CancelOutcome.UNKNOWN and snap is None
+            return
+        if job.state is JobState.PENDING:
+            assert outcome is CancelOutcome.CANCELLED
+            job.state, job.completed_at, job.request = JobState.CANCELLED, self.clock(), None
+            job.error = "cancelled by request"
+            self.by_completion[job_id] = self.clock()
+            self.by_use[job_id] = None
+        elif job.state is JobState.RUNNING:
+            assert outcome is CancelOutcome.REQUESTED
+            job.cancel_requested = True
+        else:
+            assert outcome is CancelOutcome.FINISHED
+        self._touch(job_id)
+        assert snap is not None
+        self._expected_view(job_id, snap)
+
+    @rule(job_id=st.one_of(jobs, st.just(UNKNOWN)))
+    def runner_stops_a_cancelled_run(self, job_id: str) -> None:
+        """The runner of a flagged job ends it cancelled (once)."""
+        job = self.model.get(job_id)
+        ok = self.table.terminate(job_id, JobState.CANCELLED, error="cancelled by request (run)")
+        assert ok == (job is not None and job.state not in TERMINAL_STATES)
+        if ok:
+            assert job is not None
+            job.state, job.completed_at, job.request = JobState.CANCELLED, self.clock(), None
+            job.error = "cancelled by request (run)"
+            self.by_completion[job_id] = self.clock()
+            self.by_use[job_id] = None
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN)))
     def transition_running(self, job_id: str) -> None:
@@ -271,7 +357,8 @@ class LedgerMachine(RuleBasedStateMachine):
             snap = self.table.wait(job_id, timeout=0)  # reads under the lock, no LRU touch
             assert snap is not None
             self._expected_view(job_id, snap)
-            assert (snap.error is not None) == (snap.state in {JobState.FAILED, JobState.TIMEOUT})
+            errored = {JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED}
+            assert (snap.error is not None) == (snap.state in errored)
 
     @invariant()
     def admission_never_exceeds_max_queue(self) -> None:

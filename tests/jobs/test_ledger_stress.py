@@ -1,7 +1,10 @@
 """Threaded stress test of the production AsyncJobTable, after the seed's C++ test.
 
-4 submitters, 2 runners, 3 pollers and 2 waiters hammer one table for ~3 s; the
-pollers also race the runners for each job's request payload. Throughout, depth
+4 submitters, 2 runners, 3 pollers, 2 waiters and 2 cancellers hammer one table for
+~3 s; the pollers also race the runners for each job's request payload, and the
+cancellers race the runners for each job's terminal transition (a pending job
+cancelled ends at once; a running one is flagged and its runner ends it cancelled).
+Throughout, depth
 never exceeds ``max_queue``; at the end depth is back to zero, every accepted job
 terminated exactly once, every payload moved out at most once, ids are unique,
 retention holds at most ``max_completed`` jobs, and no thread is left blocked.
@@ -14,7 +17,7 @@ import random
 import threading
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
-from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.states import CancelOutcome, JobState
 
 DURATION_S = 3.0
 
@@ -31,6 +34,7 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
     stop = threading.Event()
     over_admission = threading.Event()
     waiter_results: list[JobState] = []
+    cancelled_here: list[str] = []
     payload_takes: dict[str, int] = {}
     take_lock = threading.Lock()
     errors: list[BaseException] = []
@@ -64,6 +68,10 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
             else:
                 stop.wait(0.0005)  # back off while full (returns early on stop)
 
+    def count_end(job: str) -> None:
+        with term_lock:
+            terminations[job] = terminations.get(job, 0) + 1
+
     @guarded
     def runner(seed: int) -> None:
         rng = random.Random(seed)
@@ -75,20 +83,41 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
             ended = False
             if outcome < 0.1:
                 ended = table.timeout(job, "budget")  # timed out while pending
+                if not ended:  # a canceller got there first (then retention, maybe)
+                    assert table.state(job) in (JobState.CANCELLED, None)
+                    continue
+            elif not table.transition_running(job):
+                assert table.state(job) in (JobState.CANCELLED, None)  # cancelled while pending
+                continue
             else:
-                assert table.transition_running(job)
                 take_payload(job)
-                if outcome < 0.8:
+                if table.cancel_requested(job):
+                    ended = table.terminate(job, JobState.CANCELLED, error="stopped")
+                elif outcome < 0.8:
                     ended = table.finish(job, {"ok": True})
                 elif outcome < 0.9:
                     ended = table.fail(job, "boom")
                 else:
                     ended = table.timeout(job, "budget")
-                # a second terminal transition must be refused
+                # a second terminal transition must be refused (cancel too)
                 assert not table.fail(job, "again")
+                assert table.cancel(job)[0] in (CancelOutcome.FINISHED, CancelOutcome.UNKNOWN)
             assert ended
-            with term_lock:
-                terminations[job] = terminations.get(job, 0) + 1
+            count_end(job)
+
+    @guarded
+    def canceller(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            with accepted_lock:
+                job = rng.choice(accepted[-32:]) if accepted else None
+            if job is None:
+                continue
+            outcome, _snap = table.cancel(job)
+            if outcome is CancelOutcome.CANCELLED:
+                cancelled_here.append(job)
+                count_end(job)
+            stop.wait(0.0005)
 
     @guarded
     def poller(seed: int) -> None:
@@ -121,6 +150,7 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
     runners = [threading.Thread(target=runner, args=(10 + i,)) for i in range(2)]
     threads += [threading.Thread(target=poller, args=(20 + i,)) for i in range(3)]
     waiters = [threading.Thread(target=waiter, args=(30 + i,)) for i in range(2)]
+    threads += [threading.Thread(target=canceller, args=(40 + i,)) for i in range(2)]
     for t in threads + runners + waiters:
         t.start()
     stop.wait(DURATION_S)
@@ -145,3 +175,4 @@ def test_concurrent_submit_run_poll_wait_keeps_invariants() -> None:
     table.evict_expired()
     assert len(table) <= 64, "retention kept more than max_completed terminal jobs"
     assert waiter_results, "waiters never observed a job"
+    assert cancelled_here, "the cancellers never cancelled a pending job"
