@@ -153,6 +153,7 @@ class ProxyRequest:
         "keep_alive",
         "method",
         "path",
+        "peer",
         "requestHeaders",
         "responseHeaders",
         "uri",
@@ -170,6 +171,10 @@ class ProxyRequest:
         self.code = 200
         self.content: io.BytesIO | None = None
         self.keep_alive = keep_alive
+        self.peer: Any = None  # the client's address (IAddress), set by the connection
+
+    def getClientAddress(self) -> Any:
+        return self.peer
 
     def getHeader(self, name: bytes) -> bytes | None:
         item = self.requestHeaders._items.get(name.lower())
@@ -366,6 +371,7 @@ class GatewayConnection(Protocol):
             self._stop(exc)
         proto = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
         request = ProxyRequest(parser.get_method(), uri, proto, headers, parser.should_keep_alive())
+        request.peer = self.transport.getPeer()
         cl = headers._items.get(b"content-length")
         length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
         factory = self.factory

@@ -15,7 +15,7 @@ WWW_AUTHENTICATE = 'Bearer realm="Mortred"'
 #: The client's address as the gateway saw it, sent with every forwarded request. A
 #: model port believes it only on a server that has a token (so only a caller that
 #: authenticated with the internal token can set it); elsewhere it is ignored.
-CLIENT_IP_HEADER = b"X-Mortred-Client-IP"
+CLIENT_IP_HEADER = b"x-mortred-client-ip"
 
 
 def bearer_token(authorization: str | bytes | None) -> str | None:

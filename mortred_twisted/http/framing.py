@@ -128,7 +128,8 @@ class FramingChannel(HTTPChannel):
     Its site (``self.site``, set by ``Site.buildProtocol``) may provide
     ``body_limit`` (int bytes or None), ``early_reject(method, target, headers,
     length) -> EarlyResponse``, ``read_timeout_s`` (0 = none),
-    ``request_id() -> str`` (for refusals), and ``channel_opened(channel)`` /
+    ``request_id() -> str`` (for refusals of requests without an ``X-Request-ID``
+    of their own), and ``channel_opened(channel)`` /
     ``channel_closed(channel)``; a plain ``Site`` works too (rules only).
     """
 
@@ -283,8 +284,11 @@ class FramingChannel(HTTPChannel):
             **extra,
         }
         if "X-Request-ID" not in headers:
+            given = self.requests[-1].getHeader(b"x-request-id") if self.requests else None
             make_id: Callable[[], str] | None = getattr(self.site, "request_id", None)
-            if make_id is not None:
+            if given:
+                headers["X-Request-ID"] = given.decode("utf-8", "replace")[:256]
+            elif make_id is not None:
                 headers["X-Request-ID"] = make_id()
         self.transport.write(response_bytes(status, body, headers))
         self.loseConnection()

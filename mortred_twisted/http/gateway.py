@@ -51,7 +51,7 @@ from mortred_twisted.gateway.routing import (
     resolve,
 )
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
-from mortred_twisted.http.auth import WWW_AUTHENTICATE
+from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.fastpath import respond_when_fired
 
 log = Logger()
@@ -209,6 +209,8 @@ class GatewayApp:
         headers[b"x-request-id"] = [rid]
         if self._auth_header is not None:
             headers[b"authorization"] = self._auth_header
+            # Per-client limits on the model (believed there only with the token).
+            headers[CLIENT_IP_HEADER] = [getattr(request.getClientAddress(), "host", "").encode()]
         data = None
         content = request.content
         if content is not None:

@@ -390,7 +390,7 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
             conflict = ApiError(
                 E.JOB_NOT_FINISHED, f"job not finished (state: {lookup.state.value})"
             )
-            return self._job_error(request, conflict, lookup.task_id)
+            return self._job_error(request, conflict)
         return self._respond(
             request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id
         )

@@ -28,6 +28,8 @@ INTERNAL_TOKEN = "security-internal-token"
 GATEWAY_TOKEN = "security-gateway-token"
 #: The model port's request_read_timeout and the gateway's --read-timeout (seconds).
 READ_DEADLINE_S = 1.5
+#: The model's rate_limit_qps (per client).
+MODEL_QPS = 0.2
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ta
     env = {
         "MORTRED_AUTH_TOKEN": INTERNAL_TOKEN,
         "MORTRED_REQUEST_READ_TIMEOUT": str(int(READ_DEADLINE_S * 1000)),
+        # One POST per client every 5 s: the per-client test sees each bucket run dry.
+        "MORTRED_RATE_LIMIT_QPS": str(MODEL_QPS),
     }
     with model_server(f"conf/server/fake/{MODEL.lower()}.toml", env=env) as srv:
         gateway = GatewayProcess(tmp_path_factory.mktemp("security"), srv.port)
