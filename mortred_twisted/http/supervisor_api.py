@@ -4,30 +4,40 @@ Everything but ``GET /api/v1/health`` and the static UI files needs
 ``Authorization: Bearer <MORTRED_API_TOKEN>`` (401 + WWW-Authenticate otherwise).
 Server actions answer 202 at once with the new state; clients follow
 ``/api/v1/status``. The infer/jobs proxy talks to a model process directly with the
-internal token (it is the operator's try-it path, not the public one) and rewrites
-job URLs to ``/api/v1/jobs/<id>/<job>``. Reactor thread only.
+internal token (it is the operator's try-it and jobs-page path, not the public one:
+without a principal header a model lists every job) and rewrites job URLs to
+``/api/v1/jobs/<id>/<job>``. ``GET /api/v1/jobs/<id>/<job>/events`` is relayed as a
+stream (:mod:`mortred_twisted.http.event_relay`): each event reaches the browser as
+the model writes it, and a browser that leaves closes the model's stream. Reactor
+thread only.
 """
 
 from __future__ import annotations
 
 import json
 import mimetypes
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from klein import Klein
 from prometheus_client import CollectorRegistry
 from twisted.internet import defer
+from twisted.web.http_headers import Headers
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
+from mortred_twisted.http.event_relay import relay_events
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
 
 JSON = b"application/json; charset=utf-8"
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 _JOB_PART = ("", "/wait", "/result")
+_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_LIST_QUERY = (b"state", b"limit", b"cursor")
 
 
 def _json(request: Any, status: int, doc: Any) -> bytes:
@@ -50,14 +60,18 @@ class SupervisorApi:
         api_token: str,
         registry: CollectorRegistry,
         proxy: UpstreamClient,
+        stream_agent: Any = None,
         internal_token: str = "",
         static_dir: Path = STATIC,
     ) -> None:
+        """``stream_agent``: an ``IAgent`` without a receive deadline for event
+        streams (a non-persistent pooled ``Agent``); None answers those 501."""
         self.supervisor = supervisor
         self.catalog = catalog
         self.api_token = api_token
         self.registry = registry
         self.proxy = proxy
+        self.stream_agent = stream_agent
         self.internal_token = internal_token
         self.static_dir = static_dir.resolve()
 
@@ -187,23 +201,66 @@ class SupervisorApi:
             self._proxy(request, "POST", entry.base_url + path, server_id, body)
         )
 
+    @app.route("/api/v1/jobs/<server_id>", methods=["GET"])
+    def jobs(self, request: Any, server_id: str) -> Any:
+        """The model's ``GET /jobs`` (newest first; ``state``, ``limit``, ``cursor``)."""
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        query = urlencode([(k, v) for k in _LIST_QUERY for v in request.args.get(k, [])])
+        url = f"{entry.base_url}/jobs" + (f"?{query}" if query else "")
+        return defer.Deferred.fromCoroutine(self._proxy(request, "GET", url, server_id, None))
+
     @app.route("/api/v1/jobs/<server_id>/<job>", methods=["GET"])
     def job(self, request: Any, server_id: str, job: str) -> Any:
         return self._job(request, server_id, job, "")
 
+    @app.route("/api/v1/jobs/<server_id>/<job>", methods=["DELETE"])
+    def cancel_job(self, request: Any, server_id: str, job: str) -> Any:
+        """The model's ``DELETE /jobs/{job}``: 200 cancelled, 202 cancel requested."""
+        return self._job(request, server_id, job, "", method="DELETE")
+
     @app.route("/api/v1/jobs/<server_id>/<job>/<part>", methods=["GET"])
     def job_part(self, request: Any, server_id: str, job: str, part: str) -> Any:
+        if part == "events":
+            return self._events(request, server_id, job)
         return self._job(request, server_id, job, "/" + part)
 
-    def _job(self, request: Any, server_id: str, job: str, part: str) -> Any:
+    def _job(self, request: Any, server_id: str, job: str, part: str, method: str = "GET") -> Any:
         if not self._authorized(request):
             return self._deny(request)
         entry = self.catalog.get(server_id)
-        if entry is None or part not in _JOB_PART or not job.replace("_", "").isalnum():
+        if entry is None or part not in _JOB_PART or not _JOB_ID.fullmatch(job):
             return _json(request, 404, {"error": "not found"})
         query = request.uri.partition(b"?")[2].decode("latin-1")
+        if not query.isascii():
+            return _json(request, 400, {"error": "query must be ASCII"})
         url = f"{entry.base_url}/jobs/{job}{part}" + (f"?{query}" if query else "")
-        return defer.Deferred.fromCoroutine(self._proxy(request, "GET", url, server_id, None))
+        return defer.Deferred.fromCoroutine(self._proxy(request, method, url, server_id, None))
+
+    def _events(self, request: Any, server_id: str, job: str) -> Any:
+        """``text/event-stream`` of the model's ``/jobs/{job}/events``, relayed live."""
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None or not _JOB_ID.fullmatch(job):
+            return _json(request, 404, {"error": "not found"})
+        if self.stream_agent is None:
+            return _json(request, 501, {"error": "event streams are not configured"})
+        headers = Headers({b"accept": [b"text/event-stream"]})
+        if self.internal_token:
+            headers.setRawHeaders(b"authorization", [b"Bearer " + self.internal_token.encode()])
+        url = f"{entry.base_url}/jobs/{job}/events"
+
+        async def relay() -> bytes:
+            try:
+                return await relay_events(self.stream_agent, request, url, headers)
+            except UpstreamError as e:
+                return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+
+        return defer.Deferred.fromCoroutine(relay())
 
     async def _proxy(
         self, request: Any, method: str, url: str, server_id: str, body: bytes | None
@@ -225,14 +282,23 @@ class SupervisorApi:
             doc = json.loads(out)
         except ValueError:
             return out
-        if isinstance(doc, dict):
-            prefix = f"/api/v1/jobs/{server_id}/"
-            changed = False
-            for key in ("poll_url", "result_url"):
-                value = doc.get(key)
-                if isinstance(value, str) and value.startswith("/jobs/"):
-                    doc[key] = prefix + value[len("/jobs/") :]
-                    changed = True
-            if changed:
-                out = json.dumps(doc).encode("utf-8")
+        if isinstance(doc, dict) and _rewrite_job_urls(doc, server_id):
+            out = json.dumps(doc).encode("utf-8")
         return out
+
+
+def _rewrite_job_urls(doc: dict[str, Any], server_id: str) -> bool:
+    """Point a status's (or a listing's statuses') job URLs at ``/api/v1/jobs/<id>/``;
+    True when anything changed."""
+    prefix = f"/api/v1/jobs/{server_id}/"
+    changed = False
+    statuses = [doc]
+    if isinstance(doc.get("jobs"), list):
+        statuses.extend(j for j in doc["jobs"] if isinstance(j, dict))
+    for status in statuses:
+        for key in ("poll_url", "result_url"):
+            value = status.get(key)
+            if isinstance(value, str) and value.startswith("/jobs/"):
+                status[key] = prefix + value[len("/jobs/") :]
+                changed = True
+    return changed

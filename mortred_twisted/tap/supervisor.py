@@ -219,6 +219,9 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         api_token=api_token,
         registry=supervisor_registry(supervisor),
         proxy=proxy,
+        # Job event streams: no receive deadline, one connection each (closed when
+        # the browser leaves).
+        stream_agent=Agent(reactor, pool=quiet_pool(reactor, persistent=False), connectTimeout=5),
         internal_token=internal_token,
     )
     site = Site(api.resource())

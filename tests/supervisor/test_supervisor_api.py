@@ -1,4 +1,5 @@
-"""The supervisor REST API in memory: auth, status, actions, logs, metrics, UI, proxy."""
+"""The supervisor REST API in memory: auth, status, actions, logs, metrics, UI, proxy,
+and the jobs page's routes (listing, cancel, live events relayed as a stream)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import json
 from typing import Any
 
 import pytest
+from klein import Klein
 from treq.testing import RequestTraversalAgent, StubTreq
+from twisted.internet import defer, error
+from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.gateway.upstream import UpstreamClient
@@ -28,7 +33,7 @@ AUTH = {"Authorization": "Bearer mgmt"}
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, upstream: Any = None, stream_agent: Any = None) -> None:
         self.clock = Clock()
         self.spawner = FakeSpawner()
         self.prober = FakeProber()
@@ -51,29 +56,33 @@ class Harness:
         )
         self.supervisor = Supervisor([self.server])
         self.model = FakeModel()
-        self.upstream = RequestTraversalAgent(self.model.resource())
+        self.upstream = RequestTraversalAgent(upstream or self.model.resource())
+        self.streams = RequestTraversalAgent(upstream or self.model.resource())
         api = SupervisorApi(
             supervisor=self.supervisor,
             catalog=self.catalog,
             api_token="mgmt",
             registry=supervisor_registry(self.supervisor),
             proxy=UpstreamClient(self.upstream, self.clock, recv_timeout_s=5),
+            stream_agent=stream_agent or self.streams,
             internal_token="internal",
         )
         self.client = StubTreq(api.resource())
 
     def call(self, method: str, path: str, **kw: Any) -> tuple[int, bytes, Any]:
         d = self.client.request(method, "http://sup" + path, **kw)
-        for _ in range(3):
-            self.upstream.flush()
-            self.client.flush()
+        self.flush()
         out: list[Any] = []
         d.addCallback(lambda r: r.content().addCallback(lambda b: out.append((r, b))))
-        for _ in range(3):
-            self.upstream.flush()
-            self.client.flush()
+        self.flush()
         response, body = out[0]
         return response.code, body, response.headers
+
+    def flush(self) -> None:
+        for _ in range(3):
+            self.upstream.flush()
+            self.streams.flush()
+            self.client.flush()
 
 
 def test_health_public_rest_needs_token() -> None:
@@ -165,3 +174,180 @@ def test_infer_proxy_async_rewrites_to_api_paths() -> None:
     code, _, _ = h.call("GET", "/api/v1/jobs/A/job_known", headers=AUTH)
     assert code == 200 and h.model.seen[-1].path == "/jobs/job_known"
     assert h.call("POST", "/api/v1/infer", headers=AUTH, data=b'{"server_id": "NOPE"}')[0] == 404
+
+
+# -- the jobs page's routes ------------------------------------------------------------------
+
+STATUS = {"job_id": "job_1", "state": "running", "poll_url": "/jobs/job_1",
+          "result_url": "/jobs/job_1/result"}  # fmt: skip
+
+
+def sse(name: str, doc: dict[str, Any], seq: int) -> bytes:
+    return f"id: {seq}\nevent: {name}\ndata: {json.dumps(doc)}\n\n".encode()
+
+
+class JobsModel:
+    """A model port's job-control routes: listing, cancel, and an event stream the
+    test writes to (``push``/``end``) and whose disconnect it observes (``gone``)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []  # method, uri, authorization
+        self.stream: Any = None
+        self.ended: defer.Deferred[bytes] | None = None
+        self.gone = False
+
+    def resource(self) -> Any:
+        app = Klein()
+        model = self
+
+        def record(request: Any) -> None:
+            auth = request.getHeader(b"authorization") or b""
+            model.seen.append((request.method.decode(), request.uri.decode(), auth.decode()))
+
+        def js(request: Any, status: int, doc: Any) -> bytes:
+            request.setResponseCode(status)
+            request.setHeader(b"Content-Type", b"application/json")
+            return json.dumps(doc).encode()
+
+        @app.route("/jobs", methods=["GET"])
+        def listing(request: Any) -> bytes:
+            record(request)
+            return js(request, 200, {"jobs": [STATUS], "next_cursor": "c1"})
+
+        @app.route("/jobs/<job>", methods=["DELETE"])
+        def cancel(request: Any, job: str) -> bytes:
+            record(request)
+            if job == "job_done":
+                return js(request, 409, {"error": "job already finished (state: done)"})
+            doc = {**STATUS, "job_id": job, "poll_url": f"/jobs/{job}", "cancel_requested": True}
+            return js(request, 202, doc)
+
+        @app.route("/jobs/<job>/events", methods=["GET"])
+        def events(request: Any, job: str) -> Any:
+            record(request)
+            if job != "job_1":
+                return js(request, 404, {"error": f"job not found: {job}"})
+            request.setHeader(b"Content-Type", b"text/event-stream; charset=utf-8")
+            request.setHeader(b"Cache-Control", b"no-cache")
+            request.write(b"retry: 2000\n\n" + sse("state", STATUS, 1))
+            model.stream = request
+            request.notifyFinish().addErrback(lambda _: setattr(model, "gone", True))
+            model.ended = defer.Deferred()
+            return model.ended
+
+        return app.resource()
+
+    def push(self, data: bytes) -> None:
+        self.stream.write(data)
+
+    def end(self, data: bytes) -> None:
+        assert self.ended is not None
+        self.ended.callback(data)
+
+
+class Collector(Protocol):
+    """Reads a response body chunk by chunk, as a browser's stream reader does."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.reason: Failure | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.reason = reason
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode()
+
+
+def open_stream(h: Harness, path: str) -> tuple[Any, Collector]:
+    got: list[Any] = []
+    h.client.request("GET", "http://sup" + path, headers=AUTH).addCallback(got.append)
+    h.flush()
+    assert got, "no response head"
+    collector = Collector()
+    got[0].deliverBody(collector)
+    h.flush()
+    return got[0], collector
+
+
+def test_job_listing_passes_the_query_and_rewrites_urls() -> None:
+    """GET /api/v1/jobs/A lists the model's jobs with their URLs under /api/v1/jobs/A/."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    code, body, _ = h.call("GET", "/api/v1/jobs/A?state=pending,running&limit=5&x=1", headers=AUTH)
+    doc = json.loads(body)
+    assert code == 200 and doc["next_cursor"] == "c1"
+    assert doc["jobs"][0]["poll_url"] == "/api/v1/jobs/A/job_1"
+    assert doc["jobs"][0]["result_url"] == "/api/v1/jobs/A/job_1/result"
+    method, uri, auth = m.seen[-1]
+    assert (method, auth) == ("GET", "Bearer internal")
+    assert uri == "/jobs?state=pending%2Crunning&limit=5"  # known keys only
+    assert h.call("GET", "/api/v1/jobs/NOPE", headers=AUTH)[0] == 404
+    assert h.call("GET", "/api/v1/jobs/A")[0] == 401
+
+
+def test_cancel_is_forwarded_as_delete() -> None:
+    """DELETE /api/v1/jobs/A/<job> cancels on the model; its 202 and 409 pass through."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    code, body, _ = h.call("DELETE", "/api/v1/jobs/A/job_7", headers=AUTH)
+    assert code == 202 and json.loads(body)["cancel_requested"] is True
+    assert json.loads(body)["poll_url"] == "/api/v1/jobs/A/job_7"
+    assert m.seen[-1] == ("DELETE", "/jobs/job_7", "Bearer internal")
+    assert h.call("DELETE", "/api/v1/jobs/A/job_done", headers=AUTH)[0] == 409
+    assert h.call("DELETE", "/api/v1/jobs/A/job_7")[0] == 401
+    assert h.call("DELETE", "/api/v1/jobs/A/bad%20id", headers=AUTH)[0] == 404
+
+
+def test_events_are_relayed_as_they_arrive_and_the_end_ends_the_stream() -> None:
+    """The first event reaches the client while the job runs; the terminal one ends it."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    response, body = open_stream(h, "/api/v1/jobs/A/job_1/events")
+    assert response.code == 200
+    assert response.headers.getRawHeaders("content-type")[0].startswith("text/event-stream")
+    assert response.headers.getRawHeaders("x-accel-buffering") == ["no"]
+    assert "retry: 2000" in body.text and "event: state" in body.text
+    assert m.seen[-1] == ("GET", "/jobs/job_1/events", "Bearer internal")
+    assert body.reason is None  # still open: the job has not ended
+    m.push(sse("progress", {**STATUS, "progress": {"step": 3, "total": 10}}, 2))
+    h.flush()
+    assert '"step": 3' in body.text and body.reason is None
+    m.end(sse("done", {**STATUS, "state": "done"}, 3))
+    h.flush()
+    assert "event: done" in body.text
+    assert body.reason is not None and body.reason.check(error.ConnectionDone, Exception)
+
+
+def test_a_client_that_leaves_closes_the_model_stream() -> None:
+    """Disconnecting from the supervisor's stream closes the upstream one."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    _, body = open_stream(h, "/api/v1/jobs/A/job_1/events")
+    assert "event: state" in body.text and not m.gone
+    assert body.transport is not None
+    body.transport.stopProducing()  # the browser closes its reader
+    h.flush()
+    assert m.gone
+
+
+def test_events_errors_are_json() -> None:
+    """Unknown job → the model's 404; model down → 503; no token → 401; bad id → 404."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    code, body, _ = h.call("GET", "/api/v1/jobs/A/job_x/events", headers=AUTH)
+    assert code == 404 and "job not found" in json.loads(body)["error"]
+    assert h.call("GET", "/api/v1/jobs/A/job_1/events")[0] == 401
+    assert h.call("GET", "/api/v1/jobs/A/j%C3%A9b/events", headers=AUTH)[0] == 404
+
+    class Refusing:
+        def request(self, *args: Any) -> defer.Deferred[Any]:
+            return defer.fail(error.ConnectionRefusedError("refused"))
+
+    down = Harness(m.resource(), stream_agent=Refusing())
+    code, body, _ = down.call("GET", "/api/v1/jobs/A/job_1/events", headers=AUTH)
+    assert code == 503 and "model not running" in json.loads(body)["error"]
