@@ -2,12 +2,16 @@
 
 The supervisor and the gateway build the same catalog from the same files, so they
 agree on ids, ports and URIs without talking to each other. ``[servers.<id>]`` tables
-of ``conf/mortred.toml`` are applied on top (enabled, autostart, restart policy, port).
+of ``conf/mortred.toml`` are applied on top (enabled, autostart, restart policy, port,
+replicas), and ``[gateway.upstreams]`` adds remote replicas of an id.
 
-Invariants of a :class:`Catalog`: ids, ``host:port`` pairs and ``server_uri`` values are
-unique; a clash is a startup error naming both files. Server configs are read with an
-empty environment: ``MORTRED_*`` variables of the supervisor's own environment must not
-leak into every model's entry.
+Invariants of a :class:`Catalog`: ids, ``host:port`` pairs (every replica's port:
+``port … port+replicas-1``) and ``server_uri`` values are unique; a clash is a
+startup error naming both files. An id served by more than one process (replicas or
+remote upstreams) must use ``job_store = "redis"``: with the in-memory store each
+process keeps its own jobs, so a poll answered by another replica would be a 404.
+Server configs are read with an empty environment: ``MORTRED_*`` variables of the
+supervisor's own environment must not leak into every model's entry.
 """
 
 from __future__ import annotations
@@ -42,12 +46,25 @@ class CatalogEntry:
     enabled: bool = True
     autostart: bool = True
     restart_policy: str = "on-failure"
+    job_store: str = "memory"
+    replicas: int = 1
+    remote_upstreams: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` of the model process (loopback in every shipped file)."""
+        """``http://host:port`` of the (first) model process (loopback when shipped)."""
+        return self.replica_url(0)
+
+    def replica_url(self, index: int) -> str:
+        """``http://host:port+index``: the base URL of local replica ``index``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{self.port + index if self.port else 0}"
+
+    @property
+    def upstream_urls(self) -> tuple[str, ...]:
+        """Every process serving this id: the local replicas, then remote upstreams."""
+        local = tuple(self.replica_url(i) for i in range(self.replicas))
+        return local + self.remote_upstreams
 
     def to_json(self) -> dict[str, object]:
         """The public view used by ``GET /api/v1/catalog``."""
@@ -62,6 +79,9 @@ class CatalogEntry:
             "enabled": self.enabled,
             "autostart": self.autostart,
             "restart_policy": self.restart_policy,
+            "job_store": self.job_store,
+            "replicas": self.replicas,
+            "remote_upstreams": list(self.remote_upstreams),
             "config": self.source,
         }
 
@@ -114,11 +134,9 @@ def check_unique(entries: list[CatalogEntry]) -> list[str]:
     problems: list[str] = []
     seen: dict[str, dict[object, CatalogEntry]] = {"id": {}, "port": {}, "server_uri": {}}
     for entry in entries:
-        for what, key in (
-            ("id", entry.id),
-            ("port", (entry.host, entry.port)),
-            ("server_uri", entry.server_uri),
-        ):
+        keys: list[tuple[str, object]] = [("id", entry.id), ("server_uri", entry.server_uri)]
+        keys += [("port", (entry.host, entry.port + i)) for i in range(entry.replicas)]
+        for what, key in keys:
             if what == "port" and entry.port == 0:
                 continue
             first = seen[what].get(key)
@@ -162,6 +180,7 @@ def discover(catalog_dir: Path, root: Path) -> tuple[list[CatalogEntry], list[st
                 source=_relative(path, root),
                 config_path=str(path.resolve()),
                 model_type=cfg.model_type,
+                job_store=cfg.job_store,
             )
         )
     return entries, problems
@@ -197,10 +216,34 @@ def apply_overrides(
                         else sup.restart_policy
                     ),
                     "port": o.port if o and o.port is not None else entry.port,
+                    "replicas": o.replicas if o and o.replicas is not None else 1,
+                    "remote_upstreams": control.upstreams.get(entry.id, ()),
                 }
             )
         )
+    for server_id in control.upstreams:
+        if server_id not in ids:
+            problems.append(
+                f"{control.source}: [gateway.upstreams] {server_id}: no such catalog id"
+                f"{did_you_mean(server_id, ids)}"
+            )
+    problems.extend(check_shared_store(result))
     return result, problems
+
+
+def check_shared_store(entries: list[CatalogEntry]) -> list[str]:
+    """An id served by several processes needs the shared job store (see the module)."""
+    problems: list[str] = []
+    for e in entries:
+        processes = e.replicas + len(e.remote_upstreams)
+        if processes > 1 and e.job_store != "redis":
+            what = f"replicas = {e.replicas}" if e.replicas > 1 else "[gateway.upstreams]"
+            problems.append(
+                f"{e.source} ({e.id}): {what} needs job_store = \"redis\" in its [server] "
+                "table: with the in-memory store every process keeps its own jobs, so a "
+                "poll, wait or result answered by another replica would be a 404"
+            )
+    return problems
 
 
 def build_catalog(control: ControlConfig) -> Catalog:

@@ -8,7 +8,8 @@ Three tables (contract § Supervisor)::
     [gateway]      enabled, host, port, request_size_limit_mb, max_connections,
                    upstream_send_timeout_ms, upstream_recv_timeout_ms, api_keys,
                    max_persistent_per_host
-    [servers.<id>] enabled, autostart, restart_policy, port
+    [gateway.upstreams]  <id> = ["http://host:port", …]  remote replicas of a model id
+    [servers.<id>] enabled, autostart, restart_policy, port, replicas
 
 Every problem is collected and raised together as :class:`ConfigErrors`; unknown keys
 are errors with "did you mean". Relative paths are resolved against the project root
@@ -80,6 +81,7 @@ class ServerOverride:
     autostart: bool | None = None
     restart_policy: str | None = None
     port: int | None = None
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class ControlConfig:
     supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     servers: Mapping[str, ServerOverride] = field(default_factory=dict)
+    #: ``[gateway.upstreams]``: model id -> base URLs of remote replicas
+    upstreams: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     root: str = "."
     source: str = "<defaults>"
 
@@ -128,6 +132,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "autostart": (bool,),
         "restart_policy": (str,),
         "port": (int,),
+        "replicas": (int,),
     },
 }
 
@@ -145,6 +150,7 @@ _RANGES: dict[str, tuple[float, float | None]] = {
     "upstream_send_timeout_ms": (1, None),
     "upstream_recv_timeout_ms": (1, None),
     "max_persistent_per_host": (1, 10000),
+    "replicas": (1, 64),
 }
 
 
@@ -172,6 +178,42 @@ def _section(cls: type, table: Any, where: str, problems: list[str]) -> dict[str
     return values
 
 
+def _upstreams(table: Any, problems: list[str]) -> dict[str, tuple[str, ...]]:
+    """``[gateway.upstreams]``: id -> list of ``http://host:port`` base URLs."""
+    if not isinstance(table, Mapping):
+        problems.append("gateway.upstreams: expected a table of id = [urls]")
+        return {}
+    result: dict[str, tuple[str, ...]] = {}
+    for model_id, urls in table.items():
+        where = f"gateway.upstreams.{model_id}"
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            problems.append(f"{where}: expected a list of URLs")
+            continue
+        bad = [u for u in urls if not _is_base_url(u)]
+        if bad:
+            problems.append(f"{where}: not an http://host:port URL: {', '.join(bad)}")
+            continue
+        result[model_id] = tuple(u.rstrip("/") for u in urls)
+    return result
+
+
+def _is_base_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    return (
+        parts.scheme == "http"
+        and bool(parts.hostname)
+        and port is not None
+        and parts.path in ("", "/")
+        and not parts.query
+    )
+
+
 def build_control_config(
     document: Mapping[str, Any], *, source: str = "<memory>", root: Path | None = None
 ) -> ControlConfig:
@@ -182,7 +224,12 @@ def build_control_config(
         if table not in known_tables:
             problems.append(f"unknown table [{table}]{did_you_mean(table, known_tables)}")
     sup = _section(SupervisorSettings, document.get("supervisor", {}), "supervisor", problems)
-    gw = _section(GatewaySettings, document.get("gateway", {}), "gateway", problems)
+    gw_table = document.get("gateway", {})
+    upstreams: dict[str, tuple[str, ...]] = {}
+    if isinstance(gw_table, Mapping) and "upstreams" in gw_table:
+        gw_table = dict(gw_table)
+        upstreams = _upstreams(gw_table.pop("upstreams"), problems)
+    gw = _section(GatewaySettings, gw_table, "gateway", problems)
     servers: dict[str, ServerOverride] = {}
     raw_servers = document.get("servers", {})
     if not isinstance(raw_servers, Mapping):
@@ -197,6 +244,7 @@ def build_control_config(
         supervisor=SupervisorSettings(**sup),
         gateway=GatewaySettings(**gw),
         servers=MappingProxyType(servers),
+        upstreams=MappingProxyType(upstreams),
         root=str((root or Path(".")).resolve()),
         source=source,
     )

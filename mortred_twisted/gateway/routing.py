@@ -12,13 +12,22 @@ The table is the seed's T15 table plus the legacy sync route::
 Bare ``/jobs`` is not routed. Matching is split in two steps so the edge can answer
 405 and 401 before revealing whether a model id exists: :func:`match` looks only at
 the path shape, :func:`resolve` looks the id up in the catalog.
+
+A model id served by several processes (``replicas`` and ``[gateway.upstreams]``) has
+an :class:`UpstreamSet`: sync inference and job submits go to the healthy upstream
+with the fewest requests in flight from this gateway; polls, waits and results to
+any healthy one (round robin: the job store is shared). An upstream that refuses a
+connection is skipped for a short cooldown, and the request is tried on another one
+(:meth:`Route.elsewhere`) — safe even for a submit, since a refused connection
+provably never reached a replica.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
@@ -59,18 +68,113 @@ class Match:
     job_id: str | None = None
 
 
-@dataclass(frozen=True)
+#: Seconds an upstream that refused a connection is skipped (while others remain).
+REFUSED_COOLDOWN_S = 2.0
+#: Routes that start work: they go to the least busy upstream.
+_BALANCED = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY})
+
+
+class UpstreamSet:
+    """The processes serving one model id, as seen by this gateway (reactor thread).
+
+    Counts the requests this gateway has in flight to each upstream and remembers
+    which refused connections lately; health otherwise comes from the answers.
+    """
+
+    def __init__(self, urls: tuple[str, ...], clock: Callable[[], float]) -> None:
+        if not urls:
+            raise ValueError("an upstream set needs at least one URL")
+        self.urls = urls
+        self._clock = clock
+        self.outstanding: dict[str, int] = dict.fromkeys(urls, 0)
+        self._down_until: dict[str, float] = {}
+        self._next = 0
+
+    def healthy(self) -> list[str]:
+        now = self._clock()
+        return [u for u in self.urls if self._down_until.get(u, 0.0) <= now]
+
+    def pick(self, kind: RouteKind, exclude: frozenset[str] = frozenset()) -> str | None:
+        """The upstream for a new request of ``kind``, or None when all are excluded."""
+        candidates = [u for u in self.healthy() if u not in exclude]
+        if not candidates:  # every one refused lately: try them anyway
+            candidates = [u for u in self.urls if u not in exclude]
+        if not candidates:
+            return None
+        n = len(candidates)
+        start = self._next % n
+        self._next += 1
+        rotated = candidates[start:] + candidates[:start]
+        if kind in _BALANCED:
+            return min(rotated, key=lambda u: self.outstanding[u])
+        return rotated[0]
+
+    def begin(self, url: str) -> None:
+        self.outstanding[url] += 1
+
+    def end(self, url: str) -> None:
+        self.outstanding[url] -= 1
+
+    def refused(self, url: str) -> None:
+        """``url`` refused a connection: skip it for :data:`REFUSED_COOLDOWN_S`."""
+        self._down_until[url] = self._clock() + REFUSED_COOLDOWN_S
+
+
+class Upstreams:
+    """An :class:`UpstreamSet` per catalog id served by more than one process."""
+
+    def __init__(self, catalog: Catalog, clock: Callable[[], float]) -> None:
+        self.sets: Mapping[str, UpstreamSet] = {
+            e.id: UpstreamSet(e.upstream_urls, clock)
+            for e in catalog.values()
+            if len(e.upstream_urls) > 1
+        }
+
+    def get(self, model_id: str) -> UpstreamSet | None:
+        return self.sets.get(model_id)
+
+
+@dataclass
 class Route:
-    """A resolved route: which model process, and the upstream path (with query)."""
+    """A resolved route: which model process, and the upstream path (with query).
+
+    With an upstream set, :meth:`start` counts the request against its upstream and
+    :meth:`finish` releases it; :meth:`elsewhere` is the same route on another
+    upstream after a refused connection.
+    """
 
     kind: RouteKind
     entry: CatalogEntry
     upstream_path: str
     job_id: str | None = None
+    base: str = ""
+    upstreams: UpstreamSet | None = None
+    tried: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def url(self) -> str:
-        return self.entry.base_url + self.upstream_path
+        return (self.base or self.entry.base_url) + self.upstream_path
+
+    def start(self) -> None:
+        if self.upstreams is not None:
+            self.upstreams.begin(self.base)
+
+    def finish(self) -> None:
+        if self.upstreams is not None:
+            self.upstreams.end(self.base)
+
+    def elsewhere(self) -> Route | None:
+        """After a refused connection: the route on an upstream not tried yet, or None."""
+        if self.upstreams is None:
+            return None
+        self.upstreams.refused(self.base)
+        tried = self.tried | {self.base}
+        other = self.upstreams.pick(self.kind, tried)
+        if other is None:
+            return None
+        return Route(
+            self.kind, self.entry, self.upstream_path, self.job_id, other, self.upstreams, tried
+        )
 
 
 class RouteError(Exception):
@@ -121,12 +225,24 @@ def check_method(m: Match, method: str) -> None:
         )
 
 
-def resolve(m: Match, catalog: Catalog, query: str = "") -> Route:
+def resolve(
+    m: Match, catalog: Catalog, query: str = "", upstreams: Upstreams | None = None
+) -> Route:
     """The upstream route for ``m``; raises a 404 :class:`RouteError` for an unknown
-    or disabled model id, or a job id that cannot exist."""
+    or disabled model id, or a job id that cannot exist. With ``upstreams``, an id
+    served by several processes gets one picked for this request."""
     entry = catalog.get(m.model_id)
     if entry is None or not entry.enabled:
         raise RouteError(404, f"unknown model: {m.model_id}")
+    route = _resolve_path(m, entry, query)
+    group = upstreams.get(entry.id) if upstreams is not None else None
+    if group is not None:
+        route.upstreams = group
+        route.base = group.pick(route.kind) or entry.base_url
+    return route
+
+
+def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
     if m.kind in (RouteKind.INFER, RouteKind.LEGACY):
         return Route(m.kind, entry, entry.server_uri)
     if m.kind is RouteKind.SUBMIT:

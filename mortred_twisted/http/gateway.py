@@ -46,11 +46,12 @@ from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
     RouteKind,
+    Upstreams,
     check_method,
     match,
     resolve,
 )
-from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
+from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.fastpath import respond_when_fired
 
@@ -108,6 +109,8 @@ class GatewayApp:
             [b"Bearer " + internal_token.encode("latin-1")] if internal_token else None
         )
         self._request_id = request_id or request_ids()
+        #: ids served by several processes (replicas, remote upstreams): who gets what
+        self.upstreams = Upstreams(catalog, clock.seconds)
 
     def resource(self) -> Any:
         """``dispatch`` as a twisted.web root resource (:class:`GatewayResource`)."""
@@ -180,7 +183,7 @@ class GatewayApp:
             return self._denied(request, decision, label)
         query = request.uri.partition(b"?")[2].decode("latin-1")
         try:
-            route = resolve(m, self.catalog, query)
+            route = resolve(m, self.catalog, query, self.upstreams)
         except RouteError as e:
             return self._error(request, e.status, e.message, label, e.headers)
         return self._forward(request, route, method, rid)
@@ -221,6 +224,7 @@ class GatewayApp:
         started = self.clock.seconds()
         hot = self.metrics.hot
         hot.inflight += 1
+        route.start()
         d = self.upstream.request(method, route.url, headers, data)
         d.addCallbacks(
             self._answer,
@@ -233,6 +237,7 @@ class GatewayApp:
     def _settle(self, route: Route, started: float) -> None:
         hot = self.metrics.hot
         hot.inflight -= 1
+        route.finish()
         hot.observe_upstream(route.kind.value, (self.clock.seconds() - started) * 1000.0)
 
     def _failed(self, failure: Any, request: Any, route: Route, started: float) -> bytes:
@@ -243,6 +248,12 @@ class GatewayApp:
             failure.raiseException()
         if not failure.check(UpstreamError):
             failure.raiseException()
+        if failure.check(UpstreamUnavailable):  # refused: it never reached that replica
+            other = route.elsewhere()
+            if other is not None:
+                method = request.method.decode("ascii", "replace")
+                rid = request.responseHeaders.getRawHeaders(b"x-request-id", [b""])[0]
+                return self._forward(request, other, method, rid)
         e = failure.value
         self.metrics.upstream_errors.labels(type(e).__name__).inc()
         log.warn(

@@ -13,8 +13,10 @@ every ``probe_interval``; a running child whose probe fails stays ``running`` wi
 ``ready: false``. A child not ready within ``ready_timeout`` is stopped and its exit
 goes through the restart policy. ``stop`` is SIGTERM, then SIGKILL after ``grace``.
 
-:class:`Supervisor` owns the gateway and the models: autostart with a concurrency
-limit, and shutdown in order (models first, then the gateway). Everything is
+:class:`Supervisor` owns the gateway and the models (a model with ``replicas > 1`` is
+a :class:`~mortred_twisted.supervisor.replicas.ReplicaGroup`, which stands in for a
+``ManagedServer``): autostart with a concurrency limit, and shutdown in order (models
+first, then the gateway). Everything is
 injected (clock, spawner, prober), so tests drive it with ``task.Clock`` and fakes.
 """
 
@@ -318,9 +320,16 @@ class Supervisor:
         return ([self.gateway] if self.gateway else []) + list(self.models.values())
 
     def get(self, server_id: str) -> ManagedServer | None:
+        """A child by id: the gateway, a model (or replica group), or one replica
+        (``<id>@<n>``)."""
         if self.gateway is not None and server_id == self.gateway.id:
             return self.gateway
-        return self.models.get(server_id)
+        found = self.models.get(server_id)
+        if found is None and "@" in server_id:
+            group = self.models.get(server_id.rsplit("@", 1)[0])
+            member = getattr(group, "member", None)
+            found = member(server_id) if member is not None else None
+        return found
 
     def status(self) -> list[dict[str, Any]]:
         return [s.status() for s in self.all()]

@@ -77,11 +77,13 @@ def model_spec(
     internal_token: str,
     parent_env: Mapping[str, str],
     python: str = sys.executable,
+    replica: int = 0,
 ) -> ProcessSpec:
-    """``twistd -n mortred-model --config <toml>`` with the listen/auth overrides."""
+    """``twistd -n mortred-model --config <toml>`` with the listen/auth overrides;
+    replica ``n`` (0-based) of an id listens on ``port + n``."""
     env = base_env(parent_env)
     env["MORTRED_LISTEN_HOST"] = entry.host
-    env["MORTRED_LISTEN_PORT"] = str(entry.port)
+    env["MORTRED_LISTEN_PORT"] = str(entry.port + replica if entry.port else 0)
     if internal_token:
         env["MORTRED_AUTH_TOKEN"] = internal_token
     config = entry.config_path or str(Path(control.root) / entry.source)

@@ -28,7 +28,7 @@ from twisted.python import usage
 from twisted.web.client import Agent
 from twisted.web.server import Site
 
-from mortred_twisted.config.catalog import Catalog, build_catalog
+from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.upstream import UpstreamClient, quiet_pool
@@ -44,6 +44,7 @@ from mortred_twisted.supervisor.monitor import (
 )
 from mortred_twisted.supervisor.policy import RestartTracker
 from mortred_twisted.supervisor.process import ReactorSpawner, gateway_spec, model_spec
+from mortred_twisted.supervisor.replicas import ReplicaGroup, replica_id
 
 log = Logger()
 
@@ -179,17 +180,21 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             timing=timing,
         )
 
-    models = [
-        managed(
-            e.id,
-            "model",
-            model_spec(e, config, internal_token, env),
-            f"{e.base_url}/ready",
-            e.restart_policy,
-            e.category,
-        )
-        for e in catalog.enabled()
-    ]
+    def model(e: CatalogEntry) -> Any:
+        if e.replicas == 1:
+            spec = model_spec(e, config, internal_token, env)
+            return managed(e.id, "model", spec, f"{e.base_url}/ready", e.restart_policy,
+                           e.category)  # fmt: skip
+        replicas = []
+        for i in range(e.replicas):
+            spec = model_spec(e, config, internal_token, env, replica=i)
+            url = f"{e.replica_url(i)}/ready"
+            replicas.append(
+                managed(replica_id(e.id, i), "model", spec, url, e.restart_policy, e.category)
+            )
+        return ReplicaGroup(e.id, replicas)
+
+    models = [model(e) for e in catalog.enabled()]
     gateway = None
     gw = config.gateway
     if gw.enabled:

@@ -1,0 +1,95 @@
+"""``ReplicaGroup``: the ``replicas = N`` processes of one catalog id (reactor thread).
+
+Each replica is its own :class:`~mortred_twisted.supervisor.monitor.ManagedServer`
+(id ``<id>@<n>``, port ``port + n - 1``, its own log file), monitored and restarted
+on its own. The group stands where a single server would — in the supervisor, the
+status API, the metrics — so operator actions on ``<id>`` act on every replica,
+and the status of ``<id>`` lists each replica under ``"replicas"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+
+from mortred_twisted.supervisor.monitor import ManagedServer
+
+#: How replica states fold into the group's: the first one any replica is in wins.
+_PRECEDENCE = ("running", "starting", "backoff", "failed", "stopped")
+
+
+def replica_id(server_id: str, index: int) -> str:
+    """``<id>@<n>`` for replica ``index`` (0-based) of ``server_id``."""
+    return f"{server_id}@{index + 1}"
+
+
+class ReplicaGroup:
+    """N managed replicas of one id, shown and operated as one server."""
+
+    def __init__(self, server_id: str, replicas: list[ManagedServer]) -> None:
+        if not replicas:
+            raise ValueError("a replica group needs replicas")
+        self.id = server_id
+        self.replicas = replicas
+        first = replicas[0]
+        self.kind = first.kind
+        self.category = first.category
+
+    @property
+    def state(self) -> str:
+        states = {r.state for r in self.replicas}
+        return next(s for s in _PRECEDENCE if s in states)
+
+    @property
+    def ready(self) -> bool:
+        """Ready while at least one replica is (the gateway routes around the others)."""
+        return any(r.ready for r in self.replicas)
+
+    @property
+    def restart_count(self) -> int:
+        return sum(r.restart_count for r in self.replicas)
+
+    @property
+    def pid(self) -> int | None:
+        return self.replicas[0].pid
+
+    @property
+    def logs(self) -> Any:
+        """The first replica's log (each replica's is ``logs/<id>@<n>.log``)."""
+        return self.replicas[0].logs
+
+    def member(self, server_id: str) -> ManagedServer | None:
+        return next((r for r in self.replicas if r.id == server_id), None)
+
+    def status(self) -> dict[str, Any]:
+        doc = self.replicas[0].status()
+        doc.update(
+            id=self.id,
+            state=self.state,
+            ready=self.ready,
+            restart_count=self.restart_count,
+            ready_replicas=sum(1 for r in self.replicas if r.ready),
+            replicas=[r.status() for r in self.replicas],
+        )
+        return doc
+
+    def start(self) -> defer.Deferred[bool]:
+        """Start every replica; True once all are ready."""
+        d = defer.gatherResults([r.start() for r in self.replicas], consumeErrors=True)
+        return d.addCallback(all)
+
+    def stop(self) -> defer.Deferred[None]:
+        d = defer.gatherResults([r.stop() for r in self.replicas], consumeErrors=True)
+        return d.addCallback(lambda _: None)
+
+    def restart(self) -> defer.Deferred[bool]:
+        """Restart the replicas one after another, so the id keeps serving."""
+
+        async def one_by_one() -> bool:
+            ok = True
+            for replica in self.replicas:
+                ok = bool(await replica.restart()) and ok
+            return ok
+
+        return defer.Deferred.fromCoroutine(one_by_one())
