@@ -191,7 +191,7 @@ class JobControlRoutes:
 
 def _key(snap: JobSnapshot) -> tuple[Any, ...]:
     """What an event stream reports a change of."""
-    return (snap.state, snap.progress, snap.cancel_requested, snap.queue_position)
+    return (snap.state, snap.progress, snap.cancel_requested)
 
 
 def _event(snap: JobSnapshot, seq: int, *, initial: bool, previous: Any = None) -> bytes:

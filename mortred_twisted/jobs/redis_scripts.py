@@ -3,8 +3,11 @@
 Keys of one model id (all under one hash tag, so they share a cluster slot)::
 
     mortred:{<id>}:job:<job_id>  HASH   state, task, created, started, completed (ms,
-                                        Redis clock), attempt, owner, progress "s/t",
-                                        error, request (until terminal), result
+                                        Redis clock), attempt, owner (the replica
+                                        running it), progress "s/t", error, request
+                                        (until terminal), result; principal (the
+                                        caller), seq, cancel, idem, webhook,
+                                        hook_events
     mortred:{<id>}:depth         STRING admitted non-terminal jobs (invariant 3)
     mortred:{<id>}:queue         STREAM one entry {job: <id>} per (re)queued job;
                                         consumer group "workers"
@@ -12,9 +15,14 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
     mortred:{<id>}:leases        ZSET   running job -> lease deadline ms
     mortred:{<id>}:done          ZSET   terminal job -> last use (LRU; a use counter)
     mortred:{<id>}:uses          STRING the use counter (INCR per terminal/use)
-    mortred:{<id>}:index         ZSET   every job -> admission ms (newest-first lists)
+    mortred:{<id>}:index         ZSET   every job -> admission sequence (listings)
+    mortred:{<id>}:seq           STRING the admission sequence (INCR per job)
+    mortred:{<id>}:idem:<p>:<k>  STRING "<job_id> <fingerprint>": the Idempotency-Key
+                                        <k> of principal <p>, for as long as its job
+                                        is retained (same TTL, deleted with it)
     mortred:{<id>}:events        pub/sub channel: "t <job_id>" terminal,
-                                        "q <job_id>" queued
+                                        "q <job_id>" queued, "c <job_id>" cancel
+                                        requested (running), "p <job_id>" progress
 
 Every multi-key transition is one script, so it is atomic across replicas:
 admission check + enqueue (``ADMIT``), claim (``CLAIM``: read the stream, ack and
@@ -52,6 +60,8 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function forget(id)
+  local idem = redis.call('HGET', P .. 'job:' .. id, 'idem')
+  if idem then redis.call('DEL', idem) end
   redis.call('DEL', P .. 'job:' .. id)
   redis.call('ZREM', P .. 'done', id)
   redis.call('ZREM', P .. 'index', id)
@@ -73,12 +83,38 @@ local function terminate(id, state, result, err, now, ttl_ms, max_completed)
   redis.call('ZREM', P .. 'pending', id)
   redis.call('ZREM', P .. 'leases', id)
   redis.call('ZADD', P .. 'done', use_mark(), id)
-  if ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+  if ttl_ms > 0 then
+    redis.call('PEXPIRE', key, ttl_ms)
+    local idem = redis.call('HGET', key, 'idem')
+    if idem then redis.call('PEXPIRE', idem, ttl_ms) end
+  end
   local over = redis.call('ZCARD', P .. 'done') - max_completed
   if over > 0 then
     for _, old in ipairs(redis.call('ZRANGE', P .. 'done', 0, over - 1)) do forget(old) end
   end
   redis.call('PUBLISH', P .. 'events', 't ' .. id)
+end
+-- A job's status fields: {state, task, created, started, completed, error, progress,
+-- attempt, now, cancel, queue position (pending: 1 = next; else 0)} or false.
+local function view(id)
+  local f = redis.call('HMGET', P .. 'job:' .. id, 'state', 'task', 'created', 'started',
+                       'completed', 'error', 'progress', 'attempt', 'cancel')
+  if not f[1] then return false end
+  local position = 0
+  if f[1] == 'pending' then
+    -- pending is scored by admission ms: count the earlier ones, then break ties
+    -- within the same millisecond by admission sequence
+    local created = f[3]
+    position = redis.call('ZCOUNT', P .. 'pending', '-inf', '(' .. created) + 1
+    local mine = tonumber(redis.call('HGET', P .. 'job:' .. id, 'seq') or '0')
+    for _, other in ipairs(redis.call('ZRANGEBYSCORE', P .. 'pending', created, created)) do
+      if other ~= id then
+        local seq = tonumber(redis.call('HGET', P .. 'job:' .. other, 'seq') or '0')
+        if seq < mine then position = position + 1 end
+      end
+    end
+  end
+  return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now_ms(), f[9] or '', position}
 end
 local function requeue(id, key, attempt)
   redis.call('HSET', key, 'state', 'pending', 'attempt', attempt)
@@ -90,24 +126,49 @@ local function requeue(id, key, attempt)
 end
 """
 
-#: ARGV: max_queue, job_id, task_id, request -> {admitted (1, 0 full, -1 id taken), depth}
+#: ARGV: max_queue, job_id, task_id, request, principal, idempotency key ('' none),
+#: fingerprint, webhook url ('' none), webhook events (comma list)
+#: -> {admitted (1; 0 full; -1 id taken; 2 replayed; 3 key conflict), depth, job id}
 ADMIT = (
     _PRELUDE
     + """
 local d = depth()
-if d >= tonumber(ARGV[1]) then return {0, d} end
+local idem = false
+if ARGV[6] ~= '' then
+  idem = P .. 'idem:' .. ARGV[5] .. ':' .. ARGV[6]
+  local known = redis.call('GET', idem)
+  if known then
+    local sep = string.find(known, ' ', 1, true)
+    local job, fp = string.sub(known, 1, sep - 1), string.sub(known, sep + 1)
+    if redis.call('EXISTS', P .. 'job:' .. job) == 1 then
+      if fp ~= ARGV[7] then return {3, d, ''} end
+      if redis.call('HGET', P .. 'job:' .. job, 'completed') then
+        redis.call('ZADD', P .. 'done', 'XX', use_mark(), job)
+      end
+      return {2, d, job}
+    end
+    redis.call('DEL', idem)  -- its job is gone (retention): the key is free again
+  end
+end
+if d >= tonumber(ARGV[1]) then return {0, d, ''} end
 local id = ARGV[2]
 local key = P .. 'job:' .. id
-if redis.call('EXISTS', key) == 1 then return {-1, d} end
+if redis.call('EXISTS', key) == 1 then return {-1, d, ''} end
 local now = now_ms()
+local seq = redis.call('INCR', P .. 'seq')
 redis.call('HSET', key, 'state', 'pending', 'task', ARGV[3], 'created', now,
-           'attempt', 1, 'request', ARGV[4])
+           'attempt', 1, 'request', ARGV[4], 'principal', ARGV[5], 'seq', seq)
+if idem then
+  redis.call('SET', idem, id .. ' ' .. ARGV[7])
+  redis.call('HSET', key, 'idem', idem)
+end
+if ARGV[8] ~= '' then redis.call('HSET', key, 'webhook', ARGV[8], 'hook_events', ARGV[9]) end
 redis.call('INCR', P .. 'depth')
 redis.call('ZADD', P .. 'pending', now, id)
-redis.call('ZADD', P .. 'index', now, id)
+redis.call('ZADD', P .. 'index', seq, id)
 redis.call('XADD', P .. 'queue', '*', 'job', id)
 redis.call('PUBLISH', P .. 'events', 'q ' .. id)
-return {1, d + 1}
+return {1, d + 1, id}
 """
 )
 
@@ -161,13 +222,11 @@ return {0, depth()}
 SNAPSHOT = (
     _PRELUDE
     + """
-local key = P .. 'job:' .. ARGV[1]
-local f = redis.call('HMGET', key, 'state', 'task', 'created', 'started', 'completed',
-                     'error', 'progress', 'attempt')
-if not f[1] then return false end
-local now = now_ms()
-if f[5] then redis.call('ZADD', P .. 'done', 'XX', use_mark(), ARGV[1]) end
-return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now}
+if not view(ARGV[1]) then return false end
+if redis.call('HEXISTS', P .. 'job:' .. ARGV[1], 'completed') == 1 then
+  redis.call('ZADD', P .. 'done', 'XX', use_mark(), ARGV[1])
+end
+return view(ARGV[1])
 """
 )
 
@@ -192,6 +251,7 @@ local key = P .. 'job:' .. ARGV[1]
 local f = redis.call('HMGET', key, 'state', 'owner')
 if f[1] == 'running' and f[2] == ARGV[2] then
   redis.call('HSET', key, 'progress', ARGV[3])
+  redis.call('PUBLISH', P .. 'events', 'p ' .. ARGV[1])
   return 1
 end
 return 0
@@ -270,6 +330,76 @@ return {renewed, requeued, lost, overdue, forgotten, depth()}
 """
 )
 
+#: ARGV: job_id, ttl_ms, max_completed -> {outcome, view...} with outcome 'cancelled'
+#: (was pending), 'requested' (running: flagged and announced), 'finished'; false unknown
+CANCEL = (
+    _PRELUDE
+    + """
+local id = ARGV[1]
+local key = P .. 'job:' .. id
+local state = redis.call('HGET', key, 'state')
+if not state then return false end
+local outcome = 'finished'
+if state == 'pending' then
+  terminate(id, 'cancelled', false, 'cancelled by request', now_ms(), tonumber(ARGV[2]),
+            tonumber(ARGV[3]))
+  outcome = 'cancelled'
+elseif state == 'running' then
+  redis.call('HSET', key, 'cancel', '1')
+  redis.call('PUBLISH', P .. 'events', 'c ' .. id)
+  outcome = 'requested'
+elseif redis.call('HEXISTS', key, 'completed') == 1 then
+  redis.call('ZADD', P .. 'done', 'XX', use_mark(), id)
+end
+local v = view(id)
+if not v then return false end  -- retention removed it at once (max_completed 0)
+table.insert(v, 1, outcome)
+return v
+"""
+)
+
+#: ARGV: job_id -> {webhook url or '', events, cancel flag or ''}
+JOB_EXTRAS = """
+local f = redis.call('HMGET', KEYS[1] .. 'job:' .. ARGV[1], 'webhook', 'hook_events', 'cancel')
+return {f[1] or '', f[2] or '', f[3] or ''}
+"""
+
+#: ARGV: principal ('' with filter 0), filter (1 = only that principal's jobs), states
+#: (comma list, '' any), limit, before (sequence; '' = newest) ->
+#: {next cursor sequence or '', id1, view1..., id2, view2...} newest first
+LIST = (
+    _PRELUDE
+    + """
+local only, states, limit = ARGV[2] == '1', {}, tonumber(ARGV[4])
+for name in string.gmatch(ARGV[3], '[^,]+') do states[name] = true end
+local any_state = ARGV[3] == ''
+local top = ARGV[5] == '' and '+inf' or ('(' .. ARGV[5])
+local out, found, scanned, last_seq = {''}, 0, 0, ''
+while scanned < 20000 do
+  local batch = redis.call('ZREVRANGEBYSCORE', P .. 'index', top, '-inf', 'WITHSCORES',
+                           'LIMIT', 0, 200)
+  if #batch == 0 then break end
+  for i = 1, #batch, 2 do
+    local id, seq = batch[i], batch[i + 1]
+    scanned = scanned + 1
+    top = '(' .. seq
+    local f = redis.call('HMGET', P .. 'job:' .. id, 'state', 'principal')
+    if f[1] and (any_state or states[f[1]]) and (not only or f[2] == ARGV[1]) then
+      if found == limit then
+        out[1] = last_seq
+        return out
+      end
+      table.insert(out, id)
+      table.insert(out, view(id))
+      found = found + 1
+      last_seq = seq
+    end
+  end
+end
+return out
+"""
+)
+
 SCRIPTS: dict[str, str] = {
     "admit": ADMIT,
     "claim": CLAIM,
@@ -279,6 +409,9 @@ SCRIPTS: dict[str, str] = {
     "progress": PROGRESS,
     "hand_back": HAND_BACK,
     "maintain": MAINTAIN,
+    "cancel": CANCEL,
+    "job_extras": JOB_EXTRAS,
+    "list": LIST,
 }
 
 
@@ -297,7 +430,9 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
     """The :class:`JobSnapshot` of a ``SNAPSHOT`` reply (None: unknown job)."""
     if not reply:
         return None
-    state, task, created, started, completed, error, progress, _attempt, now = reply
+    state, task, created, started, completed, error, progress, _attempt, now = reply[:9]
+    cancel = _text(reply[9]) if len(reply) > 9 else None  # type: ignore[arg-type]
+    position = _int(reply[10]) if len(reply) > 10 else None  # type: ignore[arg-type]
     created_ms = _int(created) or 0  # type: ignore[arg-type]
     started_ms = _int(started)  # type: ignore[arg-type]
     completed_ms = _int(completed)  # type: ignore[arg-type]
@@ -316,6 +451,8 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
         progress=steps,
         queued_ms=None if started_ms is None else started_ms - created_ms,
         completed_unix=None if completed_ms is None else completed_ms / 1000.0,
+        queue_position=position or None,
+        cancel_requested=bool(cancel) and _text(state) == "running",  # type: ignore[arg-type]
     )
 
 

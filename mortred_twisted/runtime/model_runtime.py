@@ -24,8 +24,8 @@ from twisted.logger import Logger
 from mortred_twisted.config.server import ServerConfig, parse_redis_url
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.memory_store import MemoryJobStore
-from mortred_twisted.jobs.store import JobStore
 from mortred_twisted.jobs.status import retry_after_s
+from mortred_twisted.jobs.store import JobStore
 from mortred_twisted.jobs.webhooks import secret_key
 from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.metrics.server import ServerMetrics
@@ -148,11 +148,18 @@ class ModelRuntime:
             decode=decode_request,
         )
         store.on_queued = self._kick
+        store.on_cancel = self._cancel_local
+        store.on_change = lambda job_id: self.events.changed(job_id)
         return store
 
     def _kick(self) -> None:
         if self.runner is not None and self.ready:
             self.runner.kick()
+
+    def _cancel_local(self, job_id: str) -> None:
+        """Another replica asked to cancel a job: stop it if it runs here."""
+        if self.runner is not None:
+            self.runner.cancel(job_id)
 
     def start_store(self) -> None:
         """Connect a shared store (in the background; calls fail with 503 until up)."""

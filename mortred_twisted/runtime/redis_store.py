@@ -34,19 +34,33 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup, new_job_id
+from mortred_twisted.jobs.ledger import (
+    Admission,
+    JobPage,
+    JobSnapshot,
+    ResultLookup,
+    new_job_id,
+    parse_cursor,
+)
 from mortred_twisted.jobs.redis_scripts import (
     LOST_REPLICA_ERROR,
     decode_result,
     decode_snapshot,
     key_prefix,
 )
-from mortred_twisted.jobs.states import TERMINAL_STATES, JobState
+from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
 from mortred_twisted.jobs.store import Claim, StoreUnavailable
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.redis_link import RedisLink
 
 log = Logger()
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
 
 __all__ = ["LOST_REPLICA_ERROR", "RedisJobStore", "replica_name"]
 
@@ -94,6 +108,10 @@ class RedisJobStore:
         self._decode = decode
         self.owner = owner or replica_name()
         self.on_queued: Callable[[], None] | None = None
+        #: a running job was asked to stop (by any replica): the runtime stops it here
+        self.on_cancel: Callable[[str], None] | None = None
+        #: a job changed on some replica (progress, terminal): wake event streams
+        self.on_change: Callable[[str], None] | None = None
         self._depth = 0
         self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
         self._handed_back: set[str] = set()  # its late end must not touch the job
@@ -133,19 +151,94 @@ class RedisJobStore:
         return self._depth
 
     def submit(self, request: Any, task_id: str = "") -> Deferred[str | None]:
-        payload = self._encode(request)
-        return Deferred.fromCoroutine(self._submit(payload, task_id))
+        return self.admit(request, task_id).addCallback(lambda admission: admission.job_id)
 
-    async def _submit(self, payload: bytes, task_id: str) -> str | None:
+    def admit(
+        self,
+        request: Any,
+        task_id: str = "",
+        *,
+        owner: str = "",
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+        webhook: tuple[str, frozenset[str]] | None = None,
+    ) -> Deferred[Admission]:
+        payload = self._encode(request)
+        url, events = webhook or ("", frozenset())
+        extras = (owner, idempotency_key or "", fingerprint, url, ",".join(sorted(events)))
+        return Deferred.fromCoroutine(self._admit(payload, task_id, extras))
+
+    async def _admit(self, payload: bytes, task_id: str, extras: tuple[str, ...]) -> Admission:
         for _ in range(8):
             job_id = new_job_id()
-            admitted, depth = await self._script("admit", self._max_queue, job_id, task_id, payload)
+            status, depth, known = await self._script(
+                "admit", self._max_queue, job_id, task_id, payload, *extras
+            )
             self._depth = int(depth)
-            if admitted == 1:
-                return job_id
-            if admitted == 0:
-                return None
+            status = int(status)
+            if status == 1:
+                return Admission(job_id)
+            if status == 0:
+                return Admission(None)
+            if status == 2:
+                return Admission(_text(known), replayed=True)
+            if status == 3:
+                return Admission(None, conflict=True)
         raise RuntimeError("could not draw a free job id")
+
+    def cancel(self, job_id: str) -> Deferred[tuple[CancelOutcome, JobSnapshot | None]]:
+        """Pending → cancelled (in Redis, at once); running → flagged and announced
+        on the channel, so the replica that runs it stops it (:attr:`on_cancel`)."""
+
+        def decode(reply: Any) -> tuple[CancelOutcome, JobSnapshot | None]:
+            if not reply:
+                return CancelOutcome.UNKNOWN, None
+            outcome = CancelOutcome(_text(reply[0]))
+            return outcome, decode_snapshot(job_id, reply[1:])
+
+        return self._script("cancel", job_id, self._ttl_ms, self._max_completed).addCallback(decode)
+
+    def _extras(self, job_id: str) -> Deferred[list[str]]:
+        return self._script("job_extras", job_id).addCallback(
+            lambda reply: [_text(x) or "" for x in reply]
+        )
+
+    def cancel_requested(self, job_id: str) -> Deferred[bool]:
+        return self._extras(job_id).addCallback(lambda extras: extras[2] == "1")
+
+    def webhook_of(self, job_id: str) -> Deferred[tuple[str, frozenset[str]] | None]:
+        def decode(extras: list[str]) -> tuple[str, frozenset[str]] | None:
+            if not extras[0]:
+                return None
+            return extras[0], frozenset(e for e in extras[1].split(",") if e)
+
+        return self._extras(job_id).addCallback(decode)
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None,
+        states: frozenset[JobState] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Deferred[JobPage]:
+        before = parse_cursor(cursor)  # ValueError for a malformed cursor, at once
+        names = ",".join(sorted(s.value for s in states)) if states else ""
+        args = (
+            owner or "", "0" if owner is None else "1", names, limit,
+            "" if before is None else before,
+        )  # fmt: skip
+
+        def decode(reply: Any) -> JobPage:
+            jobs = []
+            for i in range(1, len(reply), 2):
+                snap = decode_snapshot(_text(reply[i]) or "", reply[i + 1])
+                if snap is not None:
+                    jobs.append(snap)
+            next_seq = _text(reply[0])
+            return JobPage(jobs, f"c{next_seq}" if next_seq else None)
+
+        return self._script("list", *args).addCallback(decode)
 
     def begin(self, job_id: str) -> None:
         raise NotImplementedError("the Redis store is pull-only: use claim_next")
@@ -258,11 +351,18 @@ class RedisJobStore:
     # -- events ---------------------------------------------------------------------
 
     def _on_event(self, message: bytes) -> None:
-        kind, _, job = message.partition(b" ")
+        kind, _, raw = message.partition(b" ")
+        job = raw.decode("utf-8", "replace")
         if kind == b"t":
-            self._counters.count_by_name(job.decode(), None)
+            self._counters.count_by_name(job, None)
+            if self.on_change is not None:
+                self.on_change(job)
         elif kind == b"q" and self.on_queued is not None:
             self.on_queued()
+        elif kind == b"c" and job in self._held and self.on_cancel is not None:
+            self.on_cancel(job)
+        elif kind == b"p" and self.on_change is not None:
+            self.on_change(job)
 
     def _resync_waiters(self) -> None:
         """After (re)subscribing: count the waited-for jobs that are terminal now."""

@@ -2,7 +2,9 @@
 position, idempotent submit, listing per caller, live events (SSE), signed webhooks.
 
 The fake model's ``params.delay_ms``/``steps`` set each job's length and how often
-it checks its cancel flag, so orderings are asserted with seconds of margin.
+it checks its cancel flag, so orderings are asserted with seconds of margin. Every
+test runs on the in-memory store and on the Redis store (a real ``redis-server`` on a
+free loopback port, a model id of its own per server).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import base64
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from mortred_twisted.jobs.webhooks import secret_key, verify
+from tests.support.redis_server import RedisServer, redis_server
 from tests.support.servers import RunningServer, model_server
 
 ASYNC_CONF = "conf/server/fake/fake_async.toml"
@@ -50,9 +54,26 @@ def wait(srv: RunningServer, job: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The job store a server runs on, as environment overrides (own model id)."""
+    env = {"MORTRED_ID": "JOBAPI_" + uuid.uuid4().hex[:8]}
+    if request.param == "redis":
+        env.update(
+            MORTRED_JOB_STORE="redis", MORTRED_REDIS_URL=request.getfixturevalue("redis").url
+        )
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(store: dict[str, str]) -> Iterator[RunningServer]:
     """One worker, a token (so the gateway's principal header is honoured)."""
-    env = {"MORTRED_AUTH_TOKEN": TOKEN, "MORTRED_WORKER_NUMS": "1", "MORTRED_ID": "JOBAPI"}
+    env = {**store, "MORTRED_AUTH_TOKEN": TOKEN, "MORTRED_WORKER_NUMS": "1"}
     with model_server(ASYNC_CONF, env=env) as srv:
         yield srv
 
@@ -158,10 +179,10 @@ def test_listing_is_per_principal_newest_first_with_cursor(server: RunningServer
         assert get(server, "/jobs" + bad, as_alice)[0] == 400
 
 
-def test_principal_header_is_ignored_without_a_token() -> None:
+def test_principal_header_is_ignored_without_a_token(store: dict[str, str]) -> None:
     """On a port without auth_token anyone could send X-Mortred-Principal: it is ignored
     (the caller is the port itself and sees every job)."""
-    with model_server(ASYNC_CONF, env={"MORTRED_ID": "NOTOKEN"}) as srv:
+    with model_server(ASYNC_CONF, env=store) as srv:
         status, doc = srv.json("POST", "/jobs", body(10), headers={"X-Mortred-Principal": "eve"})
         assert status == 202
         listed = srv.json("GET", "/jobs", headers={"X-Mortred-Principal": "mallory"})[1]
@@ -245,14 +266,14 @@ class Receiver(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def test_webhooks_are_signed_retried_and_deny_by_default() -> None:
+def test_webhooks_are_signed_retried_and_deny_by_default(store: dict[str, str]) -> None:
     """A receiver failing twice still gets the completed event delivered exactly once,
     every delivery signed; a host outside webhook_allowed_hosts is refused with 422."""
     Receiver.log, Receiver.attempts = [], {}
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = httpd.server_address[1]
-    env = {"MORTRED_ID": "HOOKS", "MORTRED_WEBHOOK_ALLOWED_HOSTS": f"127.0.0.1:{port}",
+    env = {**store, "MORTRED_WEBHOOK_ALLOWED_HOSTS": f"127.0.0.1:{port}",
            "MORTRED_WEBHOOK_SECRET": SECRET}  # fmt: skip
     try:
         with model_server(ASYNC_CONF, env=env) as srv:
