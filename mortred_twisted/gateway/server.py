@@ -27,9 +27,9 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   (400); a transfer coding other than a lone ``chunked`` (501: we decode none);
   an ``Expect`` other than ``100-continue`` (417); a target that is not
   origin-form, ``*`` or an ``http(s)`` absolute form (400); a head over
-  :data:`MAX_HEAD` bytes or :data:`MAX_HEADERS` fields (431). An upgrade request
-  (``Upgrade``, ``CONNECT``) is answered as a plain request, then the connection
-  closes.
+  :data:`MAX_HEAD` bytes or :data:`MAX_HEADERS` fields (431). An ``Upgrade`` request
+  is answered as a plain request, then the connection closes (``CONNECT``'s
+  authority-form target is a 400).
 * A body over ``max_body_bytes`` (declared, or while a chunked body grows) is
   answered ``413`` as soon as that is known, with ``Connection: close``; no
   ``100 Continue`` is sent, the rest is not read and no route runs. ``Expect:
@@ -319,11 +319,13 @@ class GatewayConnection(Protocol):
         self._backlog = 0
         self._paused = False
         self._draining = False
+        self._peer_address: Any = None
         self.last_active = 0.0
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
         self._writer = EagerWriter(self.transport)
+        self._peer_address = self.transport.getPeer()  # one object per connection
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)  # answers are single writes: never wait for an ACK
@@ -371,7 +373,7 @@ class GatewayConnection(Protocol):
             self._stop(exc)
         proto = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
         request = ProxyRequest(parser.get_method(), uri, proto, headers, parser.should_keep_alive())
-        request.peer = self.transport.getPeer()
+        request.peer = self._peer_address
         cl = headers._items.get(b"content-length")
         length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
         factory = self.factory
@@ -465,10 +467,7 @@ class GatewayConnection(Protocol):
         self._writer.write(_CONTINUE)
 
     def _peer(self) -> str:
-        try:
-            return str(self.transport.getPeer().host)
-        except Exception:  # pragma: no cover - transports without a peer
-            return ""
+        return str(getattr(self._peer_address, "host", ""))
 
     # -- dispatching and answering ---------------------------------------------------
 

@@ -40,7 +40,7 @@ class FakeModel:
 
         def record(request: Any) -> None:
             hdrs = {
-                k.decode().lower(): v[0].decode()
+                k.decode("latin-1").lower(): v[0].decode("latin-1")
                 for k, v in request.requestHeaders.getAllRawHeaders()
             }
             model.seen.append(
