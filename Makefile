@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 RUN_CONFIG ?= conf/server/fake/fake_async.toml
 RUN_ARGS   ?=
 
-.PHONY: run run-model test test-fast install venv lint bench bench-gateway clean \
+.PHONY: run run-replicas run-model test test-fast install venv lint bench bench-gateway clean \
 	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception
 
 $(PY):
@@ -26,6 +26,20 @@ install: $(PY)
 
 run: install
 	$(VENV)/bin/twistd -n --pidfile= mortred-supervisor --config conf/mortred.toml $(RUN_ARGS)
+
+# Two replicas of the fake model on the Redis job store, behind the gateway: starts a
+# local redis-server from $$PATH (port $(REDIS_PORT), data under var/redis, AOF on),
+# then the control plane of conf/replicas/mortred.toml; Redis stops when it exits.
+REDIS_PORT ?= 6390
+REDIS_DIR := $(CURDIR)/var/redis
+run-replicas: install
+	@command -v redis-server >/dev/null || { echo "redis-server is not on PATH (Debian: apt-get install redis-server)"; exit 1; }
+	mkdir -p $(REDIS_DIR)
+	redis-server --port $(REDIS_PORT) --bind 127.0.0.1 --dir $(REDIS_DIR) --appendonly yes \
+		--save '' --daemonize yes --pidfile $(REDIS_DIR)/redis.pid --logfile $(REDIS_DIR)/redis.log; \
+	trap 'kill $$(cat $(REDIS_DIR)/redis.pid) 2>/dev/null' EXIT INT TERM; \
+	MORTRED_REDIS_URL=redis://127.0.0.1:$(REDIS_PORT)/0 $(VENV)/bin/twistd -n --pidfile= \
+		mortred-supervisor --config conf/replicas/mortred.toml $(RUN_ARGS)
 
 # One model server alone (no gateway, no supervisor).
 run-model: install
