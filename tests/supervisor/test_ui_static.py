@@ -34,3 +34,23 @@ def test_ui_has_the_panels_the_api_serves() -> None:
 def test_app_js_parses() -> None:
     """app.js is valid JavaScript (node --check)."""
     subprocess.run(["node", "--check", str(STATIC / "app.js")], check=True)
+
+
+def test_jobs_page_is_wired_and_never_parses_server_html() -> None:
+    """The jobs panel exists, app.js uses the jobs routes, and nothing in app.js turns
+    strings into HTML or puts the token in a URL."""
+    html = (STATIC / "index.html").read_text()
+    for element in ('id="jobs-model"', 'id="jobs-list"', 'id="jobs-form"', 'id="jobs-output"'):
+        assert element in html
+    js = (STATIC / "app.js").read_text()
+    for needle in ('"/events"', '"DELETE"', "getReader()", "text/event-stream"):
+        assert needle in js
+    for sink in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "new EventSource",
+    ):
+        assert sink not in js, sink
+    assert "token=${" not in js and "?token=" not in js

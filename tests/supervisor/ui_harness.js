@@ -13,6 +13,12 @@ class Node_ {
   get options() { return this.children.filter((c) => c.tagName === "option"); }
   setAttribute(k, v) { this.attrs[k] = String(v); if (k === "value") this.value = String(v); }
   getAttribute(k) { return this.attrs[k]; }
+  removeAttribute(k) { delete this.attrs[k]; }
+  // Server data must reach the page as text: any HTML parsing entry point fails the run.
+  set innerHTML(v) { throw new Error("innerHTML used"); }
+  set outerHTML(v) { throw new Error("outerHTML used"); }
+  insertAdjacentHTML() { throw new Error("insertAdjacentHTML used"); }
+  prepend(...items) { const before = this.children; this.children = []; this.append(...items); this.children.push(...before); }
   addEventListener(type, fn) { (this.listeners[type] ||= []).push(fn); }
   dispatchEvent(ev) { for (const fn of this.listeners[ev.type] || []) fn(ev); }
   append(...items) {
@@ -36,18 +42,27 @@ class Node_ {
 const ids = {};
 for (const id of ["conn", "token-form", "token", "servers", "log-server", "log-follow", "logs",
   "try-form", "try-model", "try-mode", "try-image", "try-params", "try-submit", "try-state",
-  "try-output", "try-json"]) {
-  ids[id] = new Node_(["log-server", "try-model", "try-mode"].includes(id) ? "select" : "div");
+  "try-output", "try-json", "jobs-model", "jobs-filter", "jobs-state", "jobs-form", "jobs-image",
+  "jobs-params", "jobs-submit", "jobs-list", "jobs-result-title", "jobs-output", "jobs-json"]) {
+  ids[id] = new Node_(["log-server", "try-model", "try-mode", "jobs-model", "jobs-filter"].includes(id) ? "select" : "div");
 }
+for (const v of ["", "pending,running"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["jobs-filter"].append(o); }
 for (const v of ["sync", "async"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["try-mode"].append(o); }
 
 const scripted = JSON.parse(fs.readFileSync(process.argv[3], "utf8"));
 const calls = [];
 async function fetch(path, opts) {
-  calls.push({ path, method: opts.method, auth: opts.headers.Authorization || null, body: opts.body || null });
-  const key = `${opts.method} ${path.split("?")[0]}`;
+  const method = opts.method || "GET";
+  calls.push({ path, method, auth: opts.headers.Authorization || null, body: opts.body || null,
+    accept: opts.headers.Accept || null });
+  const key = `${method} ${path.split("?")[0]}`;
   const answer = scripted[key] || { status: 404, body: { error: "not scripted: " + key } };
   const next = Array.isArray(answer) ? (answer.length > 1 ? answer.shift() : answer[0]) : answer;
+  if (next.sse) {  // an event stream: its chunks are read one by one
+    const chunks = next.sse.map((c) => new Uint8Array(Buffer.from(c)));
+    return { status: next.status, body: { getReader: () => ({
+      read: async () => (chunks.length ? { value: chunks.shift(), done: false } : { done: true }) }) } };
+  }
   return { status: next.status, text: async () => JSON.stringify(next.body) };
 }
 
@@ -56,6 +71,7 @@ const sandbox = {
   document: { getElementById: (id) => ids[id], createElement: (t) => new Node_(t) },
   fetch, console, JSON, Promise, Math, Object, Array, String, Number, URLSearchParams,
   Event: class { constructor(type) { this.type = type; } },
+  TextDecoder, AbortController, setTimeout,
   localStorage: { getItem: (k) => store[k] ?? null, setItem: (k, v) => { store[k] = v; } },
   location: { hash: "#token=ui-token", pathname: "/" },
   history: { replaceState() {} },
@@ -73,7 +89,44 @@ vm.runInContext(fs.readFileSync(process.argv[2], "utf8"), sandbox);
 
 async function settle() { for (let i = 0; i < 50; i++) await new Promise((r) => setImmediate(r)); }
 
+function tagsUnder(n) { return n.children.flatMap((c) => [c.tagName, ...tagsUnder(c)]); }
+
+async function sseMode() {
+  // The SSE parser on every two-chunk split and on one character at a time.
+  const { SseParser, resultImages } = sandbox.mortredUi;
+  const parse = (chunks) => { const out = []; const p = new SseParser((e) => out.push(e)); chunks.forEach((c) => p.push(c)); return out; };
+  const text = scripted.sse_input;
+  const splits = [];
+  for (let i = 0; i <= text.length; i++) splits.push(parse([text.slice(0, i), text.slice(i)]));
+  process.stdout.write(JSON.stringify({
+    whole: parse([text]), splits, chars: parse([...text]),
+    images: scripted.results.map((d) => resultImages(d).length) }));
+}
+
+async function jobsMode() {
+  await settle();
+  const rowInfo = () => ids["jobs-list"].children.map((r) => ({
+    id: r.attrs["data-job"], events: Number(r.attrs["data-events"]), live: r.attrs["data-live"] || null,
+    text: r.children.map((c) => c.textContent), bar: { value: r.cells_.bar.attrs.value ?? null, max: r.cells_.bar.attrs.max },
+    cancelDisabled: r.cells_.cancel.disabled, resultDisabled: r.cells_.result.disabled, tags: tagsUnder(r) }));
+  const listed = rowInfo();
+  const row = ids["jobs-list"].children.find((r) => r.attrs["data-job"] === "job_b");
+  row.cells_.cancel.dispatchEvent({ type: "click" });
+  await settle();
+  const afterCancel = rowInfo();
+  ids["jobs-params"].value = '{"delay_ms": 10}';
+  ids["jobs-form"].dispatchEvent({ type: "submit", preventDefault() {} });
+  await settle();
+  process.stdout.write(JSON.stringify({
+    listed, afterCancel, final: rowInfo(), calls, jobsState: ids["jobs-state"].textContent,
+    modelOptions: ids["jobs-model"].options.map((o) => o.value),
+    outputs: ids["jobs-output"].children.map((c) => c.tagName + ":" + (c.attrs.src || "")),
+    title: ids["jobs-result-title"].textContent, json: ids["jobs-json"].textContent }));
+}
+
 (async () => {
+  if (process.argv[4] === "sse") return sseMode();
+  if (process.argv[4] === "jobs") return jobsMode();
   await settle();
   const rows = [];
   const walk = (n) => { if (n.tagName === "tr" && n.attrs["data-server"]) rows.push({ id: n.attrs["data-server"], text: n.children.map((c) => c.textContent) }); n.children.forEach(walk); };

@@ -84,6 +84,11 @@ async function loadCatalog() {
   const sel = $("try-model");
   sel.replaceChildren(...state.catalog.map((e) => el("option", { value: e.id }, `${e.id} (${e.category}${e.async_enabled ? ", async" : ""})`)));
   sel.dispatchEvent(new Event("change"));
+  const jsel = $("jobs-model");
+  const wanted = jobs.server || state.jobsServer;
+  jsel.replaceChildren(...state.catalog.filter((e) => e.async_enabled).map((e) => el("option", { value: e.id }, `${e.id} (${e.category})`)));
+  if (wanted && state.catalog.some((e) => e.id === wanted && e.async_enabled)) jsel.value = wanted;
+  if (jsel.value !== jobs.server) selectJobsServer(jsel.value);
 }
 
 function fileToBase64(file) {
@@ -120,7 +125,7 @@ async function runTry(event) {
   if (status !== 202) { $("try-state").textContent = `submit: HTTP ${status}`; return show(doc, null); }
   $("try-state").textContent = `${doc.job_id}: ${doc.state}`;
   let job = doc;
-  while (!["done", "failed", "timeout"].includes(job.state)) {
+  while (!TERMINAL.includes(job.state)) {
     const r = await api("GET", `${doc.poll_url}/wait?timeout=500`);
     if (r.status !== 200) { $("try-state").textContent = `poll: HTTP ${r.status}`; return show(r.doc, null); }
     job = r.doc;
@@ -196,10 +201,292 @@ function drawMasks(out, url, item) {
   });
 }
 
+// -- jobs page -----------------------------------------------------------------------------
+// One model's jobs: a list (newest first), live progress from each active job's event
+// stream, cancel, submit, and the result (images of generative/segmentation models).
+// The stream is read with fetch() and a ReadableStream reader so that the token goes
+// in the Authorization header (EventSource cannot send one; a token in the URL would
+// end up in logs and history). Everything from the server reaches the page as text
+// nodes or attributes, never as HTML.
+const TERMINAL = ["done", "failed", "timeout", "cancelled"];
+const MAX_STREAMS = 3;  // HTTP/1.1 allows ~6 connections per host: keep some for the API
+const RECONNECT_MS = 2000;
+const jobs = { server: null, rows: new Map(), streams: new Map(), tried: new Map(), inputs: new Map(), watch: new Set() };
+
+// Server-sent events parser (WHATWG HTML § 9.2.6): push() text as it arrives (any
+// split), onEvent({event, data, id}) is called per dispatched record.
+class SseParser {
+  constructor(onEvent) {
+    this.onEvent = onEvent; this.buffer = ""; this.data = []; this.event = ""; this.lastId = "";
+    this.retry = null; this.sawCR = false; this.started = false;
+  }
+  push(text) {
+    if (!this.started && text.length) { this.started = true; if (text.charCodeAt(0) === 0xfeff) text = text.slice(1); }
+    if (this.sawCR && text.startsWith("\n")) text = text.slice(1);  // CRLF split across chunks
+    this.sawCR = false;
+    this.buffer += text;
+    const lines = this.buffer.split(/\r\n|\r|\n/);
+    this.buffer = lines.pop();
+    if (this.buffer === "" && text.endsWith("\r")) this.sawCR = true;
+    for (const line of lines) this.line(line);
+  }
+  line(line) {
+    if (line === "") return this.dispatch();
+    if (line.startsWith(":")) return;  // comment (heartbeat)
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "data") this.data.push(value);
+    else if (field === "event") this.event = value;
+    else if (field === "id" && !value.includes("\0")) this.lastId = value;
+    else if (field === "retry" && /^\d+$/.test(value)) this.retry = Number(value);
+  }
+  dispatch() {
+    const ev = { event: this.event || "message", data: this.data.join("\n"), id: this.lastId };
+    const had = this.data.length > 0;
+    this.data = []; this.event = "";
+    if (had) this.onEvent(ev);
+  }
+}
+
+const jobsPath = (server, jobId, part = "") =>
+  `/api/v1/jobs/${encodeURIComponent(server)}` + (jobId ? `/${encodeURIComponent(jobId)}${part}` : "");
+
+function fmtMs(ms) {
+  if (typeof ms !== "number" || !isFinite(ms)) return "";
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
+function jobRow(server, jobId) {
+  const cells = {
+    id: el("td", { class: "job-id" }, jobId),
+    state: el("td", { class: "job-state" }),
+    bar: el("progress", { class: "job-progress", max: "1", value: "0" }),
+    steps: el("span", { class: "job-steps" }),
+    queue: el("td", { class: "job-queue" }),
+    elapsed: el("td", { class: "job-elapsed" }),
+    cancel: el("button", { "data-cancel": jobId, onclick: () => cancelJob(server, jobId) }, "cancel"),
+    result: el("button", { "data-result": jobId, onclick: () => showJobResult(server, jobId) }, "result"),
+  };
+  const row = el("tr", { "data-job": jobId, "data-events": "0" },
+    cells.id, cells.state, el("td", { class: "job-bar" }, cells.bar, cells.steps), cells.queue,
+    cells.elapsed, el("td", {}, cells.cancel, cells.result));
+  row.cells_ = cells;
+  row.status_ = null;
+  return row;
+}
+
+// Shows one status in its row (creating the row at the top when new).
+function renderJob(server, status) {
+  if (!status || typeof status.job_id !== "string" || typeof status.state !== "string") return null;
+  let row = jobs.rows.get(status.job_id);
+  if (!row) {
+    row = jobRow(server, status.job_id);
+    jobs.rows.set(status.job_id, row);
+    $("jobs-list").prepend(row);
+  }
+  const old = row.status_;
+  if (old && TERMINAL.includes(old.state) && !TERMINAL.includes(status.state)) return row;  // stale
+  row.status_ = status;
+  row.receivedAt_ = Date.now();
+  const c = row.cells_;
+  const label = status.cancel_requested && !TERMINAL.includes(status.state) ? `${status.state} (cancelling)` : status.state;
+  c.state.setAttribute("class", "job-state state-" + status.state.replace(/[^a-z]/g, ""));
+  c.state.replaceChildren(label);
+  if (status.error) c.state.append(el("span", { class: "job-error" }, String(status.error)));
+  const p = status.progress;
+  if (p && Number(p.total) > 0) {
+    c.bar.setAttribute("max", String(p.total));
+    c.bar.setAttribute("value", String(status.state === "done" ? p.total : p.step));
+    c.steps.textContent = `${p.step}/${p.total}`;
+  } else if (status.state === "done") {
+    c.bar.setAttribute("max", "1"); c.bar.setAttribute("value", "1"); c.steps.textContent = "";
+  } else if (status.state === "running") {
+    c.bar.removeAttribute("value"); c.steps.textContent = "";  // running, no steps reported yet
+  } else if (status.state === "pending") {
+    c.bar.setAttribute("max", "1"); c.bar.setAttribute("value", "0"); c.steps.textContent = "queued";
+  }
+  c.queue.textContent = status.queue_position != null ? String(status.queue_position) : "";
+  c.elapsed.textContent = fmtMs(status.elapsed_ms);
+  c.cancel.disabled = TERMINAL.includes(status.state) || !!status.cancel_requested;
+  c.result.disabled = status.state !== "done";
+  if (status.state === "done" && (!old || old.state !== "done") && jobs.watch.has(status.job_id)) {
+    jobs.watch.delete(status.job_id);
+    showJobResult(server, status.job_id);
+  }
+  return row;
+}
+
+async function refreshJobs() {
+  const server = jobs.server;
+  if (!server) return;
+  const filter = $("jobs-filter").value;
+  const q = "limit=20" + (filter ? "&state=" + encodeURIComponent(filter) : "");
+  const { status, doc } = await api("GET", `${jobsPath(server)}?${q}`);
+  if (server !== jobs.server) return;
+  if (status !== 200 || !doc || !Array.isArray(doc.jobs)) {
+    $("jobs-state").textContent = `list: HTTP ${status}` + (doc && doc.error ? ` ${doc.error}` : "");
+    return;
+  }
+  $("jobs-state").textContent = `${doc.jobs.length} job(s)` + (doc.next_cursor ? " (newest 20)" : "");
+  const keep = new Set();
+  const ordered = [];
+  for (const s of doc.jobs) {
+    if (!s || typeof s.job_id !== "string") continue;
+    keep.add(s.job_id);
+    // A live stream is newer than a listing fetched meanwhile: let it update its row.
+    const row = jobs.streams.has(s.job_id) ? jobs.rows.get(s.job_id) : renderJob(server, s);
+    if (row) ordered.push(row);
+  }
+  for (const [id, row] of jobs.rows) {
+    if (!keep.has(id) && !jobs.watch.has(id)) { jobs.rows.delete(id); stopStream(id); }
+    else if (!keep.has(id)) ordered.unshift(row);
+  }
+  $("jobs-list").replaceChildren(...ordered);
+  for (const s of doc.jobs) if (s && !TERMINAL.includes(s.state)) followJob(server, s.job_id);
+}
+
+function stopStream(jobId) {
+  const ctrl = jobs.streams.get(jobId);
+  if (ctrl) { ctrl.abort(); jobs.streams.delete(jobId); }
+}
+
+// Follows one job's event stream until it ends; the list refresh reopens a stream that
+// ended while the job was still active (at most every RECONNECT_MS).
+async function followJob(server, jobId) {
+  if (jobs.streams.has(jobId) || jobs.streams.size >= MAX_STREAMS) return;
+  const now = Date.now();
+  if (now - (jobs.tried.get(jobId) || 0) < RECONNECT_MS) return;
+  jobs.tried.set(jobId, now);
+  const ctrl = new AbortController();
+  jobs.streams.set(jobId, ctrl);
+  const row = jobs.rows.get(jobId);
+  if (row) row.setAttribute("data-live", "1");
+  try {
+    const headers = { Accept: "text/event-stream" };
+    if (state.token) headers.Authorization = "Bearer " + state.token;
+    const resp = await fetch(jobsPath(server, jobId, "/events"), { headers, signal: ctrl.signal, cache: "no-store" });
+    if (resp.status !== 200 || !resp.body) {
+      if (resp.status === 401) $("conn").textContent = "token required";
+      return;
+    }
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    const parser = new SseParser((ev) => onJobEvent(server, jobId, ev));
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      parser.push(decoder.decode(value, { stream: true }));
+    }
+  } catch (e) {
+    // aborted (model switched, row gone) or the connection dropped: nothing to show
+  } finally {
+    if (jobs.streams.get(jobId) === ctrl) jobs.streams.delete(jobId);
+    const r = jobs.rows.get(jobId);
+    if (r) r.setAttribute("data-live", "0");
+  }
+}
+
+function onJobEvent(server, jobId, ev) {
+  if (server !== jobs.server) return;
+  let status;
+  try { status = JSON.parse(ev.data); } catch (e) { return; }
+  if (!status || status.job_id !== jobId) return;
+  const row = renderJob(server, status);
+  if (row) row.setAttribute("data-events", String(Number(row.getAttribute("data-events") || 0) + 1));
+}
+
+async function cancelJob(server, jobId) {
+  const { status, doc } = await api("DELETE", jobsPath(server, jobId));
+  if (status === 200 || status === 202) renderJob(server, doc);
+  else $("jobs-state").textContent = `cancel ${jobId}: HTTP ${status}` + (doc && doc.error ? ` ${doc.error}` : "");
+}
+
+async function submitJob(event) {
+  event.preventDefault();
+  const server = jobs.server;
+  if (!server) return;
+  const file = $("jobs-image").files[0];
+  const body = { server_id: server, async: true, images: [file ? await fileToBase64(file) : btoa("mortred-ui")] };
+  const params = $("jobs-params").value.trim();
+  if (params) {
+    try { body.params = JSON.parse(params); } catch (e) { $("jobs-state").textContent = "params: " + e.message; return; }
+  }
+  const { status, doc } = await api("POST", "/api/v1/infer", body);
+  if (status !== 202 || !doc || typeof doc.job_id !== "string") {
+    $("jobs-state").textContent = `submit: HTTP ${status}` + (doc && doc.error ? ` ${doc.error}` : "");
+    return;
+  }
+  $("jobs-state").textContent = `submitted ${doc.job_id}`;
+  jobs.watch.add(doc.job_id);
+  if (file) jobs.inputs.set(doc.job_id, URL.createObjectURL(file));
+  renderJob(server, doc);
+  followJob(server, doc.job_id);
+}
+
+const isBase64 = (v) => typeof v === "string" && v.length > 0 && /^[A-Za-z0-9+/]+={0,2}$/.test(v);
+
+// The base64 PNGs of a result's data (docs/models: diffusion `images` and
+// `predicted_x0[].images`, SAM's `overlay` and PNG `segmentation`s), at most 16.
+function resultImages(data) {
+  const out = [];
+  const items = data && Array.isArray(data.results) ? data.results : [data];
+  for (const item of items) {
+    if (!item || typeof item !== "object" || Array.isArray(item)) continue;
+    if (Array.isArray(item.images)) out.push(...item.images.filter(isBase64));
+    if (isBase64(item.overlay)) out.push(item.overlay);
+    if (Array.isArray(item.masks)) for (const m of item.masks) if (m && isBase64(m.segmentation)) out.push(m.segmentation);
+    if (Array.isArray(item.predicted_x0)) for (const s of item.predicted_x0) if (s && Array.isArray(s.images)) out.push(...s.images.filter(isBase64));
+  }
+  return out.slice(0, 16);
+}
+
+async function showJobResult(server, jobId) {
+  const { status, doc } = await api("GET", jobsPath(server, jobId, "/result"));
+  if (server !== jobs.server) return;
+  $("jobs-result-title").textContent = `${jobId}: HTTP ${status}`;
+  $("jobs-json").textContent = JSON.stringify(doc, (k, v) => (typeof v === "string" && v.length > 200 ? v.slice(0, 60) + "…" : v), 2);
+  const out = $("jobs-output");
+  out.replaceChildren();
+  const data = doc && doc.data;
+  if (status !== 200 || !data) return;
+  for (const b64 of resultImages(data)) out.append(el("img", { src: "data:image/png;base64," + b64, class: "result-image", alt: "result" }));
+  const input = jobs.inputs.get(jobId);
+  const items = Array.isArray(data.results) ? data.results : [data];
+  if (input) for (const item of items) if (item && Array.isArray(item.masks) && !item.overlay) drawMasks(out, input, item);
+}
+
+function selectJobsServer(server) {
+  for (const id of [...jobs.streams.keys()]) stopStream(id);
+  jobs.server = server || null;
+  jobs.rows.clear(); jobs.tried.clear(); jobs.watch.clear();
+  $("jobs-list").replaceChildren();
+  $("jobs-output").replaceChildren(); $("jobs-json").textContent = ""; $("jobs-result-title").textContent = "";
+  if (jobs.server) history.replaceState(null, "", `${location.pathname}#jobs=${encodeURIComponent(jobs.server)}`);
+  refreshJobs();
+}
+
+// Elapsed time of active rows keeps counting between events.
+function tickJobs() {
+  const now = Date.now();
+  for (const row of jobs.rows.values()) {
+    const s = row.status_;
+    if (s && !TERMINAL.includes(s.state) && typeof s.elapsed_ms === "number") {
+      row.cells_.elapsed.textContent = fmtMs(s.elapsed_ms + (now - row.receivedAt_));
+    }
+  }
+}
+
+window.mortredUi = { SseParser, resultImages, renderJob, jobs };
+
 // -- wiring ------------------------------------------------------------------------------------
 // A link like http://host:8787/#token=... (as printed at start-up) signs in and is
 // then removed from the address bar.
-const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");
+// A link like #jobs=DDPM opens that model's jobs.
+const hashParams = new URLSearchParams(location.hash.slice(1));
+state.jobsServer = hashParams.get("jobs");
+const hashToken = hashParams.get("token");
 if (hashToken) {
   state.token = hashToken;
   localStorage.setItem("mortred.token", hashToken);
@@ -222,6 +509,11 @@ $("try-model").addEventListener("change", () => {
   if (entry && !entry.async_enabled) $("try-mode").value = "sync";
 });
 $("try-form").addEventListener("submit", runTry);
+$("jobs-model").addEventListener("change", () => selectJobsServer($("jobs-model").value));
+$("jobs-filter").addEventListener("change", refreshJobs);
+$("jobs-form").addEventListener("submit", submitJob);
 refreshServers(); loadCatalog();
 setInterval(refreshServers, 2000);
 setInterval(pollLogs, 1000);
+setInterval(refreshJobs, 3000);
+setInterval(tickJobs, 500);
