@@ -8,7 +8,8 @@ application (RFC 9112/9110) and the gateway's connection handling; why not
 twisted.web: ``docs/architecture.md`` (it costs about twice the CPU per proxied
 request, and the gateway's CPU bounds its throughput). The gateway's decisions all
 live in :meth:`~mortred_twisted.http.gateway.GatewayApp.dispatch`; this module hands
-it a :class:`ProxyRequest` (the subset of ``IRequest`` it reads and writes).
+it a :class:`~.messages.ProxyRequest` (the subset of ``IRequest`` it reads and
+writes; the rules on a parsed head are :func:`~.messages.check_head`).
 
 Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only):
 
@@ -54,8 +55,6 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
 from __future__ import annotations
 
 import io
-import json
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -68,8 +67,16 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES, datetimeToString
 
+from mortred_twisted.gateway.messages import (
+    HeaderMap,
+    ProxyRequest,
+    Refusal,
+    check_head,
+    encode_response,
+    error_response,
+    origin_form,
+)
 from mortred_twisted.gateway.transport import EagerWriter
 
 log = Logger()
@@ -86,197 +93,13 @@ IDLE_TIMEOUT_S = 60.0
 #: Default deadline for a request head (from its first byte) and for its body (from
 #: the end of the head).
 READ_TIMEOUT_S = 60.0
-
-_REASONS = {
-    **RESPONSES,
-    417: b"Expectation Failed",
-    422: b"Unprocessable Entity",
-    431: b"Request Header Fields Too Large",
-}
-_SERVER = b"mortred-gateway"
-_JSON = b"application/json; charset=utf-8"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_date_cache: list[Any] = [0, b""]
-
-
-def http_date() -> bytes:
-    """The ``Date`` header value, formatted once per second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[0] = now
-        _date_cache[1] = datetimeToString(now)
-    return bytes(_date_cache[1])
 
 
 class App(TypingProtocol):
     """What the server serves: :class:`~mortred_twisted.http.gateway.GatewayApp`."""
 
     def dispatch(self, request: Any) -> bytes | defer.Deferred[bytes]: ...
-
-
-class HeaderMap:
-    """Headers by lower-cased name, in arrival order, with the ``Headers`` methods
-    the gateway calls (``getRawHeaders``, ``setRawHeaders``, ``addRawHeader``)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self) -> None:
-        #: lower-cased name -> (name as given, values)
-        self._items: dict[bytes, tuple[bytes, list[bytes]]] = {}
-
-    def getRawHeaders(self, name: bytes, default: Any = None) -> list[bytes] | Any:
-        item = self._items.get(name.lower())
-        return item[1] if item is not None else default
-
-    def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:
-        self._items[name.lower()] = (name, list(values))
-
-    def addRawHeader(self, name: bytes, value: bytes) -> None:
-        item = self._items.get(name.lower())
-        if item is None:
-            self._items[name.lower()] = (name, [value])
-        else:
-            item[1].append(value)
-
-
-class ProxyRequest:
-    """One request as ``GatewayApp.dispatch`` sees it (a subset of ``IRequest``).
-
-    ``content`` is a ``BytesIO`` over the body (it shares the bytes, no copy) or None.
-    The response side is filled by the app: ``code``, ``responseHeaders``.
-    """
-
-    __slots__ = (
-        "clientproto",
-        "code",
-        "content",
-        "keep_alive",
-        "method",
-        "path",
-        "peer",
-        "requestHeaders",
-        "responseHeaders",
-        "uri",
-    )
-
-    def __init__(
-        self, method: bytes, uri: bytes, clientproto: bytes, headers: HeaderMap, keep_alive: bool
-    ) -> None:
-        self.method = method
-        self.uri = uri
-        self.path = uri.partition(b"?")[0]
-        self.clientproto = clientproto
-        self.requestHeaders = headers
-        self.responseHeaders = HeaderMap()
-        self.code = 200
-        self.content: io.BytesIO | None = None
-        self.keep_alive = keep_alive
-        self.peer: Any = None  # the client's address (IAddress), set by the connection
-
-    def getClientAddress(self) -> Any:
-        return self.peer
-
-    def getHeader(self, name: bytes) -> bytes | None:
-        item = self.requestHeaders._items.get(name.lower())
-        return item[1][-1] if item is not None else None
-
-    def setHeader(self, name: bytes, value: bytes) -> None:
-        self.responseHeaders._items[name.lower()] = (name, [value])
-
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
-        self.code = code
-
-
-class Refusal(Exception):
-    """A request the server refuses itself (status, message), then closes."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:
-    """Status line, headers and body of ``request``'s answer, as one buffer.
-
-    ``Content-Length`` is the app's if it set one (a HEAD answer keeps the GET's),
-    else ``len(body)``; ``Date``, ``Server`` and ``Connection`` are the server's."""
-    code = request.code
-    parts = [b"HTTP/1.1 %d %s\r\n" % (code, _REASONS.get(code, b"Unknown"))]
-    items = request.responseHeaders._items
-    for low, (name, values) in items.items():
-        if low == b"connection" or low == b"date" or low == b"server":
-            continue
-        for value in values:
-            parts += (name, b": ", value, b"\r\n")
-    if b"content-length" not in items:
-        parts.append(b"Content-Length: %d\r\n" % len(body))
-    parts += (b"Date: ", http_date(), b"\r\nServer: ", _SERVER, b"\r\n")
-    if close:
-        parts.append(b"Connection: close\r\n")
-    elif request.clientproto == b"HTTP/1.0":
-        parts.append(b"Connection: keep-alive\r\n")
-    parts.append(b"\r\n")
-    if request.method != b"HEAD":
-        parts.append(body)
-    return b"".join(parts)
-
-
-def error_response(status: int, message: str) -> bytes:
-    """A server-made JSON error that closes the connection."""
-    body = json.dumps({"error": message}).encode("utf-8")
-    return b"".join(
-        (
-            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error")),
-            b"Content-Type: ", _JSON, b"\r\nCache-Control: no-store\r\n",
-            b"Content-Length: %d\r\nDate: " % len(body), http_date(),
-            b"\r\nServer: ", _SERVER, b"\r\nConnection: close\r\n\r\n", body,
-        )
-    )  # fmt: skip
-
-
-def origin_form(target: bytes) -> bytes:
-    """The path (and query) of a request target: itself in origin-form (``/x?q``) or
-    ``*``, the path of an ``http(s)`` absolute form (``http://h:p/x?q``); raises
-    :class:`Refusal` for anything else (authority form, other schemes)."""
-    if target[:1] == b"/" or target == b"*":
-        return target
-    scheme, sep, rest = target.partition(b"://")
-    if not sep or scheme.lower() not in (b"http", b"https"):
-        raise Refusal(400, "malformed request target")
-    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=-1)
-    if cut < 0:
-        return b"/"
-    return rest[cut:] if rest[cut : cut + 1] == b"/" else b"/" + rest[cut:]
-
-
-def check_head(version: str, headers: HeaderMap) -> bool:
-    """Apply the rules llhttp leaves to the application to an accepted head; returns
-    whether the client expects ``100 Continue``. Raises :class:`Refusal`."""
-    items = headers._items
-    if version == "1.1":
-        host = items.get(b"host")
-        if host is None or len(host[1]) != 1:
-            raise Refusal(400, "HTTP/1.1 request without exactly one Host header")
-    elif version != "1.0":
-        raise Refusal(400, "unsupported HTTP version")
-    te = items.get(b"transfer-encoding")
-    if te is not None:
-        if version == "1.0":
-            raise Refusal(400, "Transfer-Encoding in an HTTP/1.0 request")
-        codings = [c.strip().lower() for v in te[1] for c in v.split(b",")]
-        if codings[-1] != b"chunked":  # the length cannot be known (RFC 9112 6.3)
-            raise Refusal(400, "Transfer-Encoding without a final chunked")
-        if codings.count(b"chunked") != 1:  # never applied twice (RFC 9112 6.1)
-            raise Refusal(400, "chunked applied more than once")
-        if len(codings) != 1:
-            raise Refusal(501, "unsupported Transfer-Encoding (only chunked)")
-    expect = items.get(b"expect")
-    if expect is None:
-        return False
-    if len(expect[1]) != 1 or expect[1][0].lower() != b"100-continue":
-        raise Refusal(417, "unsupported Expect (only 100-continue)")
-    return version == "1.1"
 
 
 class _Stop(Exception):
