@@ -24,7 +24,7 @@ a head over ``totalHeadersSize`` bytes/``maxHeaders``     431
 a request line over ``MAX_LENGTH`` bytes                  414
 an ``Expect`` other than ``100-continue``                 417
 a declared body over the site's ``body_limit``            413*
-head and body not in within ``read_timeout_s``            408
+head and body not in ``read_timeout_s`` after 1st byte    408
 ========================================================  ======
 
 (*) the 413 answer itself comes from the site's ``early_reject`` policy, so the
@@ -127,7 +127,7 @@ class FramingChannel(HTTPChannel):
 
     Its site (``self.site``, set by ``Site.buildProtocol``) may provide
     ``body_limit`` (int bytes or None), ``early_reject(method, target, headers,
-    length) -> EarlyResponse``, ``read_timeout_s`` (0 = none),
+    length) -> EarlyResponse``,
     ``request_id() -> str`` (for refusals of requests without an ``X-Request-ID``
     of their own), and ``channel_opened(channel)`` /
     ``channel_closed(channel)``; a plain ``Site`` works too (rules only).
@@ -139,7 +139,9 @@ class FramingChannel(HTTPChannel):
         self.refused = False
         self.mortred_head: Head | None = None
         self.mortred_busy = False
-        self.mortred_deadline: Any = None
+        #: When the request being read began (its first byte), else None; the
+        #: site's sweep answers 408 to a request still being read long after.
+        self.reading_since: float | None = None
 
     # -- connection ------------------------------------------------------------------
 
@@ -150,7 +152,7 @@ class FramingChannel(HTTPChannel):
             opened(self)
 
     def connectionLost(self, reason: Any) -> None:
-        self._cancel_deadline()
+        self.reading_since = None
         closed: Callable[[FramingChannel], None] | None = getattr(self.site, "channel_closed", None)
         if closed is not None:
             closed(self)
@@ -161,10 +163,8 @@ class FramingChannel(HTTPChannel):
     def dataReceived(self, data: bytes) -> None:
         if self.refused:
             return
-        if self.mortred_deadline is None and not self.mortred_busy:
-            timeout = getattr(self.site, "read_timeout_s", 0)
-            if timeout:
-                self.mortred_deadline = self.callLater(timeout, self._too_slow)
+        if self.reading_since is None and not self.mortred_busy:
+            self.reading_since = self.factory.reactor.seconds()
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
@@ -243,7 +243,7 @@ class FramingChannel(HTTPChannel):
     def allContentReceived(self) -> None:
         if self.refused:
             return  # the rest of a refused chunked body: never a request
-        self._cancel_deadline()
+        self.reading_since = None
         self.mortred_head = None
         self.mortred_busy = True
         super().allContentReceived()
@@ -277,7 +277,7 @@ class FramingChannel(HTTPChannel):
         if self.refused:
             return
         self.refused = True
-        self._cancel_deadline()
+        self.reading_since = None
         headers = {
             "Content-Type": "application/json; charset=utf-8",
             "Cache-Control": "no-store",
@@ -293,13 +293,10 @@ class FramingChannel(HTTPChannel):
         self.transport.write(response_bytes(status, body, headers))
         self.loseConnection()
 
-    def _too_slow(self) -> None:
-        self.mortred_deadline = None
-        if not self.mortred_busy:
+    def expire(self, before: float) -> None:
+        """The site's sweep: a request whose first byte came before ``before`` and that
+        is still being read (head or body) is answered 408 and the connection closes.
+        A request being answered (a long ``/wait``) is never timed out here."""
+        since = self.reading_since
+        if since is not None and since < before and not self.mortred_busy:
             self.refuse(408, "request not received in time")
-
-    def _cancel_deadline(self) -> None:
-        if self.mortred_deadline is not None:
-            if self.mortred_deadline.active():
-                self.mortred_deadline.cancel()
-            self.mortred_deadline = None

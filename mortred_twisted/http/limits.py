@@ -14,11 +14,15 @@ attribute of Twisted (docs/architecture.md).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.web.server import Request, Site
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
+from twisted.web.http import datetimeToString
+from twisted.web.server import Request, Site, version
 
 from mortred_twisted.http.envelope import new_request_id
 from mortred_twisted.http.framing import EarlyResponse, FramingChannel
@@ -32,7 +36,9 @@ EarlyReject = Callable[[bytes, bytes, Any, int], EarlyResponse]
 class LimitedSite(Site):
     """A ``Site`` whose channels apply :mod:`~mortred_twisted.http.framing`'s rules and
     ``body_limit``; see the module docstring. ``read_timeout_s`` (0 = none) bounds the
-    time from a request's first byte until its head and body are in (408 after)."""
+    time from a request's first byte until its head and body are in: one sweep every
+    ``read_timeout_s / 4`` (at most 1 s) answers 408 to slower ones (no timer per
+    request), so a request is cut between 1 and 1.25 times the deadline."""
 
     protocol = FramingChannel
 
@@ -64,6 +70,8 @@ class LimitedSite(Site):
         self.on_finished = on_finished
         self.max_connections = max_connections
         self.connections = 0
+        self.channels: set[FramingChannel] = set()
+        self._sweeper: LoopingCall | None = None
         self.noisy = False
         self._active: set[Request] = set()
         self._idle_waiters: list[Deferred[None]] = []
@@ -82,9 +90,32 @@ class LimitedSite(Site):
 
     def channel_opened(self, channel: FramingChannel) -> None:
         self.connections += 1
+        self.channels.add(channel)
 
     def channel_closed(self, channel: FramingChannel) -> None:
         self.connections -= 1
+        self.channels.discard(channel)
+
+    def sweep(self) -> None:
+        """Answer 408 to every request still being read ``read_timeout_s`` after its
+        first byte (:meth:`FramingChannel.expire`)."""
+        before = self.reactor.seconds() - self.read_timeout_s
+        for channel in list(self.channels):
+            channel.expire(before)
+
+    def startFactory(self) -> None:
+        super().startFactory()
+        if self.read_timeout_s > 0 and self._sweeper is None:
+            self._sweeper = LoopingCall(self.sweep)
+            self._sweeper.clock = self.reactor
+            self._sweeper.start(min(1.0, self.read_timeout_s / 4), now=False)
+
+    def stopFactory(self) -> None:
+        if self._sweeper is not None:
+            if self._sweeper.running:
+                self._sweeper.stop()
+            self._sweeper = None
+        super().stopFactory()
 
     @property
     def active_requests(self) -> int:
@@ -122,12 +153,50 @@ class LimitedSite(Site):
             super().log(request)
 
 
+_date_cache: list[Any] = [0, b""]
+
+
+def http_date() -> bytes:
+    """The ``Date`` header value, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = datetimeToString(now)
+    return _date_cache[1]
+
+
 class LimitedRequest(Request):
     """A request that counts its body against the site's ``body_limit`` (a chunked
     body has no declared length) and registers with the site while in flight.
-    Only meaningful on a :class:`LimitedSite`'s channel."""
+    Only meaningful on a :class:`LimitedSite`'s channel.
+
+    :meth:`process` (public ``Request`` API) renders a root that declares
+    ``matches_paths_itself = True`` (a leaf dispatching on ``request.path``: the model
+    server's ``FastRoutes``) directly: no per-segment unquoting into ``postpath``, no
+    traversal, a ``Date`` formatted once a second (about 5 µs of a poll's ~50 µs of
+    server CPU in process, measured). Such a root must set ``postpath`` itself before
+    delegating to a resource that reads it. Any other root, and ``*``, get
+    twisted.web's ``process``.
+    """
 
     received = 0
+
+    def process(self) -> None:
+        site = self.channel.site
+        root = site.resource
+        if not getattr(root, "matches_paths_itself", False) or self.path == b"*":
+            super().process()
+            return
+        self.site = site
+        self.sitepath = []
+        self.prepath = []
+        self.postpath = []
+        self.setHeader(b"Server", version)
+        self.setHeader(b"Date", http_date())
+        try:
+            self.render(root)
+        except BaseException:
+            self.processingFailed(Failure())
 
     def handleContentChunk(self, data: bytes) -> None:
         channel = self.channel

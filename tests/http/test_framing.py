@@ -26,6 +26,7 @@ def model_site() -> tuple[LimitedSite, Clock]:
         app.resource(), app.config.request_size_limit_bytes, app.early_reject,
         read_timeout_s=READ_TIMEOUT_S, reactor=clock,
     )  # fmt: skip
+    site.startFactory()
     return site, clock
 
 
@@ -50,7 +51,7 @@ def test_row_is_refused_and_the_canary_is_never_answered(row: Row, bytewise: boo
         proto.dataReceived(piece)
     if row.slow:
         assert transport.value() == b""
-        clock.advance(READ_TIMEOUT_S)
+        clock.advance(READ_TIMEOUT_S * 1.25)
     answers = parse_answers(transport.value())
     assert [a.status for a in answers] == [row.status], transport.value()[:300]
     assert transport.disconnecting

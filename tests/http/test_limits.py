@@ -88,18 +88,20 @@ def test_connection_cap() -> None:
 
 
 def test_a_slow_request_is_408_and_a_quick_one_is_not() -> None:
-    """A body still incomplete read_timeout_s after the request's first byte gets 408 and
-    the connection closes; a request that is complete in time is served."""
+    """A body still incomplete read_timeout_s after the request's first byte gets 408 (at
+    the next sweep) and the connection closes; a request complete in time is served."""
     res, clock = Recorder(), Clock()
-    proto, transport = connect(site_for(res, clock=clock))
+    site = site_for(res, clock=clock)
+    site.startFactory()
+    proto, transport = connect(site)
     proto.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nab")
     clock.advance(4.9)
     proto.dataReceived(b"c")
     assert transport.value() == b"" and not transport.disconnecting
-    clock.advance(0.2)
+    clock.advance(5 * 0.25 + 0.1)  # the deadline, then at most one sweep interval
     assert transport.value().startswith(b"HTTP/1.1 408 ") and transport.disconnecting
     assert res.calls == 0
-    proto, transport = connect(site_for(res, clock=clock))
+    proto, transport = connect(site)
     proto.dataReceived(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
     clock.advance(10)
     assert transport.value().startswith(b"HTTP/1.1 200 ") and not transport.disconnecting
