@@ -28,9 +28,7 @@ class Port:
 
     def __init__(self) -> None:
         self.app, self.clock, self.threads, _ = make_app(auth_token=TOKEN)
-        self.site = LimitedSite(
-            self.app.resource(), 1000, self.app.early_reject, reactor=Clock()
-        )
+        self.site = LimitedSite(self.app.resource(), 1000, self.app.early_reject, reactor=Clock())
 
     def send(self, raw: bytes, run: bool = False) -> Answer:
         proto = self.site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
