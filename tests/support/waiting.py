@@ -1,21 +1,51 @@
-"""Bounded polling for end-to-end tests (real processes change state on their own time)."""
+"""Waiting in end-to-end tests: on an event where one exists, else by bounded polling.
+
+Real processes (a supervisor's status, a gateway's metrics, a browser's page) change
+state on their own time and tell the test process nothing: there is no event to
+wait on, so :func:`wait_until` polls the condition, sleeping a short, stated
+interval between checks, and fails with a message after a deadline. The deadline
+is a bound on a hang, not a timing assertion: pick it generously. Where the test
+process itself owns a signal (a thread of its own, a line read from a child's
+output), wait on that with :func:`wait_for_event` instead.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: Seconds between two checks of a polled condition: short next to any state
+#: change a test waits for, long enough not to steal the CPU those changes need.
+POLL_INTERVAL_S = 0.05
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
-    """Re-check ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+def wait_until(
+    condition: Callable[[], T], timeout: float, what: str, interval: float = POLL_INTERVAL_S
+) -> T:
+    """Check ``condition`` until it returns something truthy, and return that.
+
+    Sleeps ``interval`` seconds between checks (``0`` when ``condition`` paces
+    itself, e.g. with a long-poll request). Raises AssertionError naming ``what``
+    once ``timeout`` seconds have passed without success; the condition is always
+    checked at least once, and once more at the deadline.
+    """
     deadline = time.monotonic() + timeout
-    pause = threading.Event()
     while True:
-        value = predicate()
+        value = condition()
         if value:
             return value
-        if time.monotonic() > deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        pause.wait(step)
+        if interval > 0:
+            time.sleep(min(interval, remaining))  # polling: nothing will notify us
+
+
+def wait_for_event(event: threading.Event, timeout: float, what: str) -> None:
+    """Block until ``event`` is set; AssertionError naming ``what`` after ``timeout`` s."""
+    if not event.wait(timeout):
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
