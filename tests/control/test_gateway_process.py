@@ -139,6 +139,27 @@ def test_pipelined_and_chunked_requests_on_one_connection(plane: ControlPlane) -
     assert status == 200 and json.loads(view)["state"] == "done"
 
 
+def test_a_smuggled_request_is_refused_after_the_answers_before_it(plane: ControlPlane) -> None:
+    """Over a real socket: a poll, a chunked submit whose chunk size is written 0x2a
+    (CVE-2022-24801's shape) and a canary, in one write. The poll is answered, then
+    the refusal (400), then the connection closes: the canary is never answered."""
+    auth = "Authorization: Bearer e2e-gateway-token\r\nHost: x\r\n"
+    smuggled = (
+        f"POST {JOBS} HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0x2a\r\n".encode()
+        + b'{"images":["aGk="],"params":{"x":"12345"}}\r\n0\r\n\r\n'
+    )
+    canary = b"GET /healthz HTTP/1.1\r\nHost: canary\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", plane.gw_port), timeout=10) as s:
+        s.sendall(f"GET {JOBS}/job_nope HTTP/1.1\r\n{auth}\r\n".encode() + smuggled + canary)
+        (poll, _), (refused, body) = read_answers(s, 2)
+        rest = b""
+        while chunk := s.recv(65536):  # until the gateway closes
+            rest += chunk
+    assert (poll, refused, rest) == (404, 400, b"")
+    assert b"chunk size" in body
+
+
 def test_413_reaches_a_client_that_keeps_uploading(plane: ControlPlane) -> None:
     """A client that sends its whole over-limit body without waiting (no Expect) still
     reads the 413: the gateway stops reading but drains before closing, instead of
@@ -159,8 +180,8 @@ def test_413_reaches_a_client_that_keeps_uploading(plane: ControlPlane) -> None:
 
 
 def test_large_body_is_forwarded_whole(plane: ControlPlane) -> None:
-    """A body over the in-memory threshold (64 KiB; streamed upstream) reaches the
-    model intact: an invalid base64 image at its very end is the model's 422."""
+    """A body far over one socket write (sent upstream with its head in one write)
+    reaches the model intact: an invalid base64 image at its very end is the model's 422."""
     good = base64.b64encode(os.urandom(300_000)).decode()
     code, _, body, _ = plane.gw("POST", JOBS, body={"images": [good], "params": {"delay_ms": 10}})
     assert code == 202, body
