@@ -205,7 +205,9 @@ class UpstreamConnection(Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            pass  # _Stop: the reason is in _done/_after/_problem
+            # _Stop: the reason is in _done/_after/_problem (else a callback's bug)
+            if not self._done and self._problem is None:
+                self._problem = "response parser callback failed"
         except httptools.HttpParserError as exc:
             if not self._done:
                 self._problem = f"bad response: {exc}"
