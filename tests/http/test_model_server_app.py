@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
@@ -229,6 +230,79 @@ def test_fast_routes_and_klein_answer_identically() -> None:
         klein_headers = dict(klein_answer[1].getAllRawHeaders())
         fast_headers.pop(b"Date"), klein_headers.pop(b"Date")
         assert fast_headers == klein_headers, url
+
+
+def _answer(stub: StubTreq, method: str, url: str, body: Any = None) -> Deferred:
+    """Start one request; its Deferred fires with ``(status, raw headers, body bytes)``."""
+    kwargs: dict[str, Any] = {"headers": {"X-Request-ID": "eq-2"}}
+    if body is not None:
+        kwargs["data"] = json.dumps(body).encode()
+        kwargs["headers"]["Content-Type"] = "application/json"
+
+    async def answer() -> tuple[int, dict[bytes, list[bytes]], bytes]:
+        resp = await stub.request(method, "http://x" + url, **kwargs)
+        raw = await resp.content()
+        headers = dict(resp.headers.getAllRawHeaders())
+        # Allowed to differ: the time of day, and the model's measured run time.
+        headers.pop(b"Date")
+        if b"Server-Timing" in headers:
+            [timing] = headers.pop(b"Server-Timing")
+            headers[b"Server-Timing"] = [timing.split(b"=")[0]]
+        return resp.code, headers, raw
+
+    return Deferred.fromCoroutine(answer())
+
+
+def _settle(
+    stubs: tuple[StubTreq, ...], clock: Clock, threads: HandThreads, *pending: Deferred
+) -> list:
+    """Turn the reactor and the hand-stepped pool until every request has answered."""
+    answers: list = [None] * len(pending)
+    for i, d in enumerate(pending):
+        d.addCallback(lambda answer, i=i: answers.__setitem__(i, answer))
+    for _ in range(50):
+        for stub in stubs:
+            stub.flush()
+        clock.advance(0)
+        if all(a is not None for a in answers):
+            return answers
+        if threads.pending:
+            threads.step()
+    raise AssertionError(f"requests did not answer: {answers}")
+
+
+def test_fast_routes_and_klein_agree_on_202_infer_and_a_parked_wait() -> None:
+    """Submitting, a sync infer and a wait that parks until the job ends answer alike
+    through both dispatchers: status, body and every header (Date and the measured
+    Server-Timing duration aside)."""
+    app, clock, threads, fast = make_app()
+    klein = StubTreq(app.klein_resource())
+    both = (fast, klein)
+    env = {"images": [IMG], "req_id": "same"}
+    submits = _settle(both, clock, threads,
+                      _answer(fast, "POST", "/jobs", env),
+                      _answer(klein, "POST", "/jobs", env))  # fmt: skip
+    ids = [json.loads(raw)["job_id"] for _c, _h, raw in submits]
+    assert [code for code, _h, _b in submits] == [202, 202]
+
+    def normal(answer: tuple[int, dict[bytes, list[bytes]], bytes], job: str) -> tuple:
+        code, headers, raw = answer
+        fix = {k: [v.replace(job.encode(), b"JOB") for v in vs] for k, vs in headers.items()}
+        return code, fix, raw.replace(job.encode(), b"JOB")
+
+    assert normal(submits[0], ids[0]) == normal(submits[1], ids[1])
+    # Both waits park (the job is still pending), then answer when it ends.
+    waits = [_answer(stub, "GET", f"/jobs/{ids[0]}/wait?timeout=60000")
+             for stub in both]  # fmt: skip
+    fast.flush(), klein.flush()
+    assert not any(d.called for d in waits), "the wait answered before the job ended"
+    parked = _settle(both, clock, threads, *waits)
+    assert json.loads(parked[0][2])["state"] == "done"
+    assert parked[0] == parked[1]
+    infers = _settle(both, clock, threads,
+                     _answer(fast, "POST", "/infer", env),
+                     _answer(klein, "POST", "/infer", env))  # fmt: skip
+    assert infers[0][0] == 200 and infers[0] == infers[1]
 
 
 def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
