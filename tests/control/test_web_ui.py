@@ -104,3 +104,59 @@ def test_try_it_async_job(browser: WebDriver) -> None:
     wait_until(lambda: "running" in browser.text("#try-state") or "pending" in browser.text(
         "#try-state"), 10, "live state")  # fmt: skip
     wait_until(lambda: '"success"' in browser.text("#try-json"), 20, "result envelope")
+
+
+def _jobs_submit(browser: WebDriver, params: dict[str, int]) -> str:
+    """Submit a FAKE_ASYNC job from the jobs page; its job id."""
+    browser.run(
+        "document.getElementById('jobs-params').value = arguments[0];"
+        "document.getElementById('jobs-form').removeAttribute('data-last-job');",
+        json.dumps(params),
+    )
+    browser.click("#jobs-submit")
+    script = "return document.getElementById('jobs-form').getAttribute('data-last-job');"
+    return str(wait_until(lambda: browser.run(script), 15, "the job's 202"))
+
+
+def _job_row(browser: WebDriver, job: str) -> dict[str, str] | None:
+    return browser.run(  # type: ignore[no-any-return]
+        'const r = document.querySelector(`tr[data-job="${arguments[0]}"]`);'
+        "if (!r) return null; const b = r.querySelector('progress');"
+        "return {events: r.getAttribute('data-events'), live: r.getAttribute('data-live'),"
+        " value: b.getAttribute('value'), max: b.getAttribute('max'),"
+        " state: r.querySelector('td.job-state').className};",
+        job,
+    )
+
+
+def test_jobs_page_live_progress_cancel_and_result(browser: WebDriver) -> None:
+    """On the jobs page a long job's bar moves with its event stream, cancel ends it
+    cancelled, and a short job's result appears."""
+    browser.run("const s = document.getElementById('jobs-model'); s.value = 'FAKE_ASYNC';"
+                "s.dispatchEvent(new Event('change'));")  # fmt: skip
+    long_job = _jobs_submit(browser, {"delay_ms": 60000, "steps": 120})
+    seen: set[str] = set()
+
+    def moving() -> bool:
+        row = _job_row(browser, long_job)
+        if row is None:
+            return False
+        if row["live"] == "1" and row["value"] not in (None, "0"):
+            seen.add(row["value"])
+        return int(row["events"]) >= 3 and len(seen) >= 2
+
+    wait_until(moving, 30, "the progress bar moving with stream events")
+    wait_until(lambda: _click(browser, f'button[data-cancel="{long_job}"]'), 10, "cancel")
+    wait_until(lambda: "state-cancelled" in (_job_row(browser, long_job) or {}).get("state", ""),
+               20, "the job cancelled")  # fmt: skip
+    short_job = _jobs_submit(browser, {"delay_ms": 300, "steps": 3})
+    wait_until(
+        lambda: (
+            short_job in browser.text("#jobs-result-title")
+            and '"success"' in browser.text("#jobs-json")
+        ),
+        30,
+        "the short job's result",
+    )
+    row = _job_row(browser, short_job)
+    assert row is not None and "state-done" in row["state"] and row["value"] == row["max"]

@@ -329,7 +329,6 @@ async function refreshJobs() {
     $("jobs-state").textContent = `list: HTTP ${status}` + (doc && doc.error ? ` ${doc.error}` : "");
     return;
   }
-  $("jobs-state").textContent = `${doc.jobs.length} job(s)` + (doc.next_cursor ? " (newest 20)" : "");
   const keep = new Set();
   const ordered = [];
   for (const s of doc.jobs) {
@@ -419,6 +418,7 @@ async function submitJob(event) {
     return;
   }
   $("jobs-state").textContent = `submitted ${doc.job_id}`;
+  $("jobs-form").setAttribute("data-last-job", doc.job_id);
   jobs.watch.add(doc.job_id);
   if (file) jobs.inputs.set(doc.job_id, URL.createObjectURL(file));
   renderJob(server, doc);
