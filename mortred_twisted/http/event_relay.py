@@ -9,7 +9,9 @@ connection), so the model server's stream ends too. Public Twisted APIs only:
 
 Contract of :func:`relay_events`: awaited from a Klein route (whose Deferred Klein
 cancels when the client goes away). Sets the status and the passed-through headers;
-for a 200 ``text/event-stream`` answer writes every chunk as it comes and returns
+for a 200 ``text/event-stream`` answer writes every chunk as it comes (up to its last
+complete line, so that ``rewrite_data`` sees whole ``data:`` lines; the model writes
+whole records) and returns
 ``b""`` when the upstream stream ends (for any reason: the job is terminal, or the
 model went away; a browser then reconnects); for any other answer returns its body
 whole. Raises :class:`~mortred_twisted.gateway.upstream.UpstreamUnavailable` (the
@@ -19,6 +21,7 @@ written. Reactor thread only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, error
@@ -33,11 +36,19 @@ PASSED_HEADERS = (b"content-type", b"cache-control", b"x-request-id", b"retry-af
 
 
 class _Relay(Protocol):
-    """Writes each body chunk to ``request``; ``done`` fires when the body ends."""
+    """Writes each body chunk's complete lines to ``request`` (``data:`` lines through
+    ``rewrite_data``); ``done`` fires when the body ends."""
 
-    def __init__(self, request: Any, done: defer.Deferred[None]) -> None:
+    def __init__(
+        self,
+        request: Any,
+        done: defer.Deferred[None],
+        rewrite_data: Callable[[bytes], bytes] | None,
+    ) -> None:
         self.request = request
         self.done = done
+        self.rewrite_data = rewrite_data
+        self.partial = b""
         self.client_gone = False
         request.notifyFinish().addErrback(self._client_left)
 
@@ -45,12 +56,31 @@ class _Relay(Protocol):
         self.client_gone = True
 
     def dataReceived(self, data: bytes) -> None:
-        if not self.client_gone:
-            self.request.write(data)
+        if self.client_gone:
+            return
+        data = self.partial + data
+        end = data.rfind(b"\n") + 1
+        self.partial = data[end:]
+        if end:
+            self.request.write(self._rewrite(data[:end]))
+
+    def _rewrite(self, lines: bytes) -> bytes:
+        if self.rewrite_data is None or b"data:" not in lines:
+            return lines
+        out = []
+        for line in lines.splitlines(keepends=True):
+            if line.startswith(b"data:"):
+                body = line.rstrip(b"\r\n")
+                line = self.rewrite_data(body) + line[len(body) :]
+            out.append(line)
+        return b"".join(out)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         # ResponseDone (the job ended), PotentialDataLoss or ResponseFailed (the
         # model went away): the stream is over either way.
+        if self.partial and not self.client_gone:
+            self.request.write(self.partial)
+        self.partial = b""
         if not self.done.called:
             self.done.callback(None)
 
@@ -60,8 +90,15 @@ class _Relay(Protocol):
             self.transport.stopProducing()
 
 
-async def relay_events(agent: Any, request: Any, url: str, headers: Headers) -> bytes:
-    """See the module docstring."""
+async def relay_events(
+    agent: Any,
+    request: Any,
+    url: str,
+    headers: Headers,
+    rewrite_data: Callable[[bytes], bytes] | None = None,
+) -> bytes:
+    """See the module docstring. ``rewrite_data`` maps one ``data:`` line (without its
+    line ending) to its replacement, which must be one line."""
     try:
         response = await agent.request(b"GET", url.encode("ascii"), headers, None)
     except defer.CancelledError:
@@ -81,7 +118,7 @@ async def relay_events(agent: Any, request: Any, url: str, headers: Headers) -> 
         return body
     request.setHeader(b"X-Accel-Buffering", b"no")
     done: defer.Deferred[None] = defer.Deferred()
-    relay = _Relay(request, done)
+    relay = _Relay(request, done, rewrite_data)
     response.deliverBody(relay)
     try:
         await done

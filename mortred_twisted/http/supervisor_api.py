@@ -256,7 +256,13 @@ class SupervisorApi:
 
         async def relay() -> bytes:
             try:
-                return await relay_events(self.stream_agent, request, url, headers)
+                return await relay_events(
+                    self.stream_agent,
+                    request,
+                    url,
+                    headers,
+                    lambda line: _rewrite_data(line, server_id),
+                )
             except UpstreamError as e:
                 return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
 
@@ -302,3 +308,15 @@ def _rewrite_job_urls(doc: dict[str, Any], server_id: str) -> bool:
                 status[key] = prefix + value[len("/jobs/") :]
                 changed = True
     return changed
+
+
+def _rewrite_data(line: bytes, server_id: str) -> bytes:
+    """An event's ``data: <status JSON>`` line with its job URLs rewritten (any other
+    line unchanged)."""
+    try:
+        doc = json.loads(line[len(b"data:") :])
+    except ValueError:
+        return line
+    if not isinstance(doc, dict) or not _rewrite_job_urls(doc, server_id):
+        return line
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode("utf-8")

@@ -64,6 +64,7 @@ def test_events_stream_live_through_the_supervisor_and_cancel(tmp_path: Path) ->
         buf: list[bytes] = []
         text = read_until(resp, buf, lambda t: t.count("event: progress") >= 2)
         assert "retry:" in text and "event: state" in text
+        assert f'"poll_url":"/api/v1/jobs/FAKE_ASYNC/{job}"' in text
         code, _, body, _ = plane.api("GET", f"/api/v1/jobs/FAKE_ASYNC/{job}")
         assert json.loads(body)["state"] == "running"  # the events came before the end
         assert open_streams(plane) == 1

@@ -304,7 +304,8 @@ def test_cancel_is_forwarded_as_delete() -> None:
 
 
 def test_events_are_relayed_as_they_arrive_and_the_end_ends_the_stream() -> None:
-    """The first event reaches the client while the job runs; the terminal one ends it."""
+    """The first event reaches the client while the job runs, with job URLs under
+    /api/v1/jobs/A/; the terminal one ends the stream."""
     m = JobsModel()
     h = Harness(m.resource())
     response, body = open_stream(h, "/api/v1/jobs/A/job_1/events")
@@ -314,9 +315,14 @@ def test_events_are_relayed_as_they_arrive_and_the_end_ends_the_stream() -> None
     assert "retry: 2000" in body.text and "event: state" in body.text
     assert m.seen[-1] == ("GET", "/jobs/job_1/events", "Bearer internal")
     assert body.reason is None  # still open: the job has not ended
-    m.push(sse("progress", {**STATUS, "progress": {"step": 3, "total": 10}}, 2))
+    assert '"poll_url":"/api/v1/jobs/A/job_1"' in body.text  # data lines are rewritten
+    record = sse("progress", {**STATUS, "progress": {"step": 3, "total": 10}}, 2)
+    m.push(record[:-30])  # a record split mid-line: its complete lines go at once
     h.flush()
-    assert '"step": 3' in body.text and body.reason is None
+    assert "event: progress" in body.text and '"step":3' not in body.text
+    m.push(record[-30:])
+    h.flush()
+    assert '"step":3' in body.text and body.reason is None
     m.end(sse("done", {**STATUS, "state": "done"}, 3))
     h.flush()
     assert "event: done" in body.text
