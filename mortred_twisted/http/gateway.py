@@ -238,7 +238,7 @@ class GatewayApp:
         hot = self.metrics.hot
         hot.inflight -= 1
         route.finish()
-        hot.observe_upstream(route.kind.value, (self.clock.seconds() - started) * 1000.0)
+        hot.observe(route.kind.value, (self.clock.seconds() - started) * 1000.0)
 
     def _failed(self, failure: Any, request: Any, route: Route, started: float) -> bytes:
         self._settle(route, started)

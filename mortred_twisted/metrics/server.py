@@ -8,74 +8,14 @@ install the default reactor at import).
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
-#: Buckets in milliseconds: sub-millisecond HTTP work up to multi-minute jobs.
-MS_BUCKETS = (
-    0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
-    10000, 30000, 60000, 120000, 300000, 600000,
-)  # fmt: skip
+from mortred_twisted.metrics.requests import MS_BUCKETS, RequestStats
 
 JOB_STATES = ("submitted", "running", "done", "failed", "timeout", "cancelled")
-
-
-class HttpRequestStats(Collector):
-    """``mortred_http_requests_total{route,code}`` and
-    ``mortred_http_request_duration_ms{route}``, kept as plain ints and floats.
-
-    Every request pays for these, so recording is a dict update and a bisect instead
-    of prometheus-client's locked children; the families are built at scrape time.
-    Thread contract: :meth:`record` and scrapes both run on the reactor thread.
-    """
-
-    def __init__(self, buckets: tuple[float, ...] = MS_BUCKETS) -> None:
-        self._bounds = list(buckets)
-        self._counts: dict[tuple[str, int], int] = {}
-        # route -> [per-bucket counts (last = +Inf), sum]
-        self._durations: dict[str, tuple[list[int], list[float]]] = {}
-
-    def record(self, route: str, code: int, duration_ms: float) -> None:
-        key = (route, code)
-        self._counts[key] = self._counts.get(key, 0) + 1
-        entry = self._durations.get(route)
-        if entry is None:
-            entry = self._durations[route] = ([0] * (len(self._bounds) + 1), [0.0])
-        entry[0][bisect_left(self._bounds, duration_ms)] += 1
-        entry[1][0] += duration_ms
-
-    def count(self, route: str, code: int) -> int:
-        return self._counts.get((route, code), 0)
-
-    def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
-            "mortred_http_requests", "HTTP requests by route and status code.",
-            labels=["route", "code"],
-        )  # fmt: skip
-        for (route, code), n in sorted(self._counts.items()):
-            requests.add_metric([route, str(code)], n)
-        yield requests
-        durations = HistogramMetricFamily(
-            "mortred_http_request_duration_ms",
-            "Time from request received to response finished, in ms.",
-            labels=["route"],
-        )
-        for route, (counts, total) in sorted(self._durations.items()):
-            cumulative, buckets = 0, []
-            for bound, n in zip([*self._bounds, float("inf")], counts, strict=True):
-                cumulative += n
-                buckets.append((floatToGoString(bound), cumulative))
-            durations.add_metric([route], buckets, sum_value=total[0])
-        yield durations
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
 
 
 class ServerMetrics:
@@ -88,8 +28,7 @@ class ServerMetrics:
         r = self.registry
         self.async_jobs = Counter(
             "mortred_async_jobs",
-            "Async jobs by lifecycle event (submitted, running, done, failed, timeout, "
-            "cancelled).",
+            "Async jobs by lifecycle event (submitted, running, done, failed, timeout, cancelled).",
             ["state"],
             registry=r,
         )
@@ -110,7 +49,15 @@ class ServerMetrics:
         self.async_queue_depth = Gauge(
             "mortred_async_queue_depth", "Admitted async jobs not yet terminal.", registry=r
         )
-        self.http = HttpRequestStats()
+        #: ``mortred_http_requests_total{route,code}`` and
+        #: ``mortred_http_request_duration_ms{route}`` (time to response finished).
+        self.http = RequestStats(
+            requests_name="mortred_http_requests",
+            requests_help="HTTP requests by route and status code.",
+            status_label="code",
+            latency_name="mortred_http_request_duration_ms",
+            latency_help="Time from request received to response finished, in ms.",
+        )
         r.register(self.http)
         self.inference_duration = Histogram(
             "mortred_inference_duration_ms",

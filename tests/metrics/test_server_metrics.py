@@ -39,4 +39,33 @@ def test_job_state_counters_start_at_zero() -> None:
     fams = families(ServerMetrics())
     states = {s.labels["state"]: s.value for s in fams["mortred_async_jobs"].samples
               if s.name.endswith("_total")}  # fmt: skip
-    assert states == dict.fromkeys(("submitted", "running", "done", "failed", "timeout"), 0)
+    assert states == dict.fromkeys(
+        ("submitted", "running", "done", "failed", "timeout", "cancelled"), 0
+    )
+
+
+def test_gateway_and_model_server_share_one_request_collector() -> None:
+    """The gateway's per-request families come from the same collector as the model
+    server's: counts without a latency, latencies in cumulative buckets, in-flight."""
+    from mortred_twisted.gateway.metrics import GatewayMetrics
+    from mortred_twisted.metrics.requests import RequestStats
+
+    gateway = GatewayMetrics()
+    assert isinstance(gateway.hot, RequestStats) and isinstance(ServerMetrics().http, RequestStats)
+    gateway.hot.count("refused", "413")  # refused before forwarding: no latency
+    gateway.hot.record("jobs_status", "200", 0.7)
+    gateway.hot.inflight = 2
+    fams = {f.name: f for f in text_string_to_metric_families(gateway.render().decode())}
+    counts = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in fams["mortred_gateway_requests"].samples
+        if s.name.endswith("_total")
+    }
+    assert counts == {("refused", "413"): 1, ("jobs_status", "200"): 1}
+    assert gateway.hot.requests("refused", "413") == 1
+    latency = fams["mortred_gateway_upstream_latency_ms"].samples
+    routes = {s.labels["route"] for s in latency}
+    assert routes == {"jobs_status"}
+    buckets = {s.labels["le"]: s.value for s in latency if s.name.endswith("_bucket")}
+    assert buckets["0.5"] == 0 and buckets["1.0"] == 1 and buckets["180000.0"] == 1
+    assert fams["mortred_gateway_inflight_requests"].samples[0].value == 2
