@@ -78,7 +78,7 @@ const sandbox = {
   setInterval: () => 0,
   performance: { now: () => 0 },
   btoa: (s) => Buffer.from(s).toString("base64"),
-  URL: { createObjectURL: () => "blob:x" },
+  URL: { createObjectURL: () => "blob:x", revokeObjectURL() {} },
   Image: class { set src(v) { setTimeout(() => this.onload && this.onload(), 0); } },
   Node: Node_,
   FileReader: class { readAsDataURL() { this.result = "data:image/png;base64,QUJD"; setTimeout(() => this.onload(), 0); } },

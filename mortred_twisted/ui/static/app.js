@@ -460,7 +460,8 @@ async function showJobResult(server, jobId) {
 function selectJobsServer(server) {
   for (const id of [...jobs.streams.keys()]) stopStream(id);
   jobs.server = server || null;
-  jobs.rows.clear(); jobs.tried.clear(); jobs.watch.clear();
+  for (const url of jobs.inputs.values()) URL.revokeObjectURL(url);
+  jobs.rows.clear(); jobs.tried.clear(); jobs.watch.clear(); jobs.inputs.clear();
   $("jobs-list").replaceChildren();
   $("jobs-output").replaceChildren(); $("jobs-json").textContent = ""; $("jobs-result-title").textContent = "";
   if (jobs.server) history.replaceState(null, "", `${location.pathname}#jobs=${encodeURIComponent(jobs.server)}`);
