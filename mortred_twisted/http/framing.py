@@ -133,6 +133,9 @@ class FramingChannel(HTTPChannel):
     ``channel_closed(channel)``; a plain ``Site`` works too (rules only).
     """
 
+    #: Header fields per request (twisted.web allows 500); the gateway's limit too.
+    maxHeaders = 200
+
     def __init__(self) -> None:
         super().__init__()
         #: True once a refusal was written: nothing more is read.
