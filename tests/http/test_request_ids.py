@@ -96,6 +96,8 @@ def calls(port: Port) -> list[tuple[str, Any]]:
         ("wait 400", lambda **h: r("GET", f"/jobs/{done}/wait?timeout=-1", **h)),
         ("result 200", lambda **h: r("GET", f"/jobs/{done}/result", **h)),
         ("result 404", lambda **h: r("GET", "/jobs/job_nope/result", **h)),
+        ("list 200", lambda **h: r("GET", "/jobs", **h)),
+        ("cancel 404", lambda **h: r("DELETE", "/jobs/job_nope", **h)),
         ("unknown 404", lambda **h: r("GET", "/nope", **h)),
         ("healthz 405", lambda **h: r("POST", "/healthz", ENVELOPE, **h)),
         ("framing 400", lambda **h: port.send(b"GET /healthz HTTP/1.1\r\n\r\n")),
