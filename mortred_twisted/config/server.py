@@ -41,7 +41,7 @@ class ServerConfig:
     server_uri: str = "/infer"
     worker_nums: int = 1
     max_connections: int = 1024
-    peer_resp_timeout: int = 600  # seconds
+    peer_resp_timeout: int = 600  # s a connection may wait on its client; 0 = none
     request_size_limit: float = 16.0  # MB
     request_read_timeout: int = 60000  # head + body of one request; 0 = none
     model_run_timeout: int = 60000
