@@ -1,12 +1,24 @@
-"""Benchmarks of the shared (Redis) job store.
+"""Benchmarks of the shared (Redis) job store and of replicas behind the gateway.
 
     .venv/bin/python bench/replicas.py client [--n 5000]
+    .venv/bin/python bench/replicas.py fleet [--duration 10]
 
 ``client``: the Redis client on the reactor (txredisapi through
 ``runtime/redis_link.RedisLink``) against a local ``redis-server`` started for the
 run: sequential ``GET`` and ``EVALSHA`` (the job-snapshot script) round trips,
 p50/p99 in µs, and the rate of ``n`` commands issued at once (pipelined on one
-connection). Prints a Markdown table; nothing here is a pass/fail test.
+connection).
+
+``fleet``: the supervisor runs the fake model (``fake_delay_ms`` 200 per job,
+``worker_nums`` 1) behind the gateway, in three set-ups — memory store with one
+process, Redis store with one replica, Redis store with two — against a local
+``redis-server``. Rows: end-to-end jobs/s through the gateway (16 clients each
+doing submit → wait → result), submit latency with 32 submitters (straight to one
+replica, 40 submits each), and wake latency (the job's ``completed_at`` to the
+waiter having its answer; with two replicas the job runs on one replica and the
+waiter waits on the other, whose only worker is kept busy).
+
+Prints Markdown tables; nothing here is a pass/fail test.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -83,14 +96,251 @@ def run_client(n: int) -> None:
         print(f"| {label} | {value} |")
 
 
+SERVER_TOML = """[server]
+id = "{id}"
+category = "bench"
+host = "127.0.0.1"
+port = 18120
+server_uri = "/bench/{id}/infer"
+worker_nums = 1
+async_enabled = true
+async_max_queue = 100000
+async_max_completed = 100000
+job_store = "{store}"
+
+[model]
+type = "fake"
+config = "{root}/conf/model/fake/fake.toml"
+fake_delay_ms = 200
+"""
+GW_TOKEN = "bench-gateway-token"
+INTERNAL = "bench-internal-token"  # what the gateway (and we, straight) send to models
+DIRECT = {"Content-Type": "application/json", "Authorization": f"Bearer {INTERNAL}"}
+
+
+def _consecutive_free_ports(n: int) -> int:
+    import socket
+
+    from tests.support.servers import free_port
+
+    for _ in range(100):
+        port = free_port()
+        ok = True
+        for i in range(1, n):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + i))
+                except OSError:
+                    ok = False
+        if ok:
+            return port
+    raise RuntimeError("no consecutive free ports")
+
+
+class Fleet:
+    """A supervisor with the gateway and ``replicas`` processes of one bench id."""
+
+    def __init__(self, tmp: Path, redis_url: str, model_id: str, store: str, replicas: int):
+        import os
+        import subprocess
+
+        from tests.support.servers import free_port
+
+        self.model_id = model_id
+        self.api_port, self.gw_port = free_port(), free_port()
+        self.port = _consecutive_free_ports(replicas)
+        self.replicas = replicas
+        catalog = tmp / model_id / "conf" / "server"
+        catalog.mkdir(parents=True)
+        (catalog / "bench.toml").write_text(SERVER_TOML.format(id=model_id, store=store, root=ROOT))
+        control = catalog.parent / "mortred.toml"
+        control.write_text(
+            f'[supervisor]\ncatalog_dir = "{catalog}"\napi_port = {self.api_port}\n'
+            f'log_dir = "{tmp / model_id / "logs"}"\nprobe_interval_ms = 100\n'
+            f"stop_grace_s = 3\n[gateway]\nport = {self.gw_port}\n"
+            f'api_keys = "{tmp / "none.toml"}"\n[servers.{model_id}]\n'
+            f"port = {self.port}\nreplicas = {replicas}\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MORTRED_")}
+        env.update(
+            PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", MORTRED_API_TOKEN="bench",
+            MORTRED_GATEWAY_AUTH_TOKEN=GW_TOKEN, MORTRED_REDIS_URL=redis_url,
+            MORTRED_INTERNAL_TOKEN=INTERNAL,
+        )  # fmt: skip
+        cmd = [
+            sys.executable, "-m", "mortred_twisted.supervisor.launch", "-n", "--pidfile=",
+            "--logfile", str(tmp / model_id / "supervisor.log"), "mortred-supervisor",
+            "--config", str(control),
+        ]  # fmt: skip
+        self.process = subprocess.Popen(cmd, cwd=str(tmp), env=env)
+
+    def wait_ready(self) -> None:
+        from tests.support.waiting import wait_until
+
+        def ready() -> bool:
+            return all(self._ready(self.port + i) for i in range(self.replicas)) and (
+                self._ready(self.gw_port, "/healthz")
+            )
+
+        wait_until(ready, 120, f"{self.model_id} ready")
+
+    @staticmethod
+    def _ready(port: int, path: str = "/ready") -> bool:
+        import http.client
+
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        from tests.support.servers import stop_process
+
+        stop_process(self.process, 60)
+
+
+def _body(delay_ms: int) -> bytes:
+    import json
+
+    return json.dumps({"images": ["YmVuY2g="], "params": {"delay_ms": delay_ms}}).encode()
+
+
+async def e2e_jobs(fleet: Fleet, duration: float, warmup: float = 3.0) -> Any:
+    """Jobs/s in steady state: completions between ``warmup`` and ``duration`` seconds
+    (16 clients keep the queue full; the tail after the window is not counted)."""
+    from bench.httpload import Stats, run_clients
+
+    auth = {"Authorization": f"Bearer {GW_TOKEN}", "Content-Type": "application/json"}
+    base = f"/v1/models/{fleet.model_id}/jobs"
+    body = _body(200)
+    finished: list[float] = []
+    start = time.perf_counter()
+
+    async def step(conn: Any) -> float:
+        t0 = time.perf_counter()
+        resp = await conn.request("POST", base, body, auth)
+        assert resp.status == 202, resp.body
+        job = resp.json()["job_id"]
+        resp = await conn.request("GET", f"{base}/{job}/wait?timeout=120000", b"", auth)
+        assert resp.json()["state"] == "done", resp.body
+        resp = await conn.request("GET", f"{base}/{job}/result", b"", auth)
+        assert resp.status == 200
+        finished.append(time.perf_counter() - start)
+        return (time.perf_counter() - t0) * 1000.0
+
+    ran = await run_clients("127.0.0.1", fleet.gw_port, 16, step, duration_s=duration)
+    window = [t for t in finished if warmup <= t <= duration]
+    stats = Stats(latencies_ms=ran.latencies_ms, errors=ran.errors)
+    stats.elapsed_s = (duration - warmup) * len(ran.latencies_ms) / max(1, len(window))
+    return stats
+
+
+async def submit_p99(fleet: Fleet, per_client: int) -> Any:
+    from bench.httpload import run_clients, timed
+
+    body, headers = _body(200), DIRECT
+
+    async def step(conn: Any) -> float:
+        latency, resp = await timed(conn, "POST", "/jobs", body, headers=headers)
+        assert resp.status == 202, resp.body
+        return latency
+
+    return await run_clients("127.0.0.1", fleet.port, 32, step, requests_per_client=per_client)
+
+
+async def wake(fleet: Fleet, jobs: int) -> Any:
+    """completed_at → waiter has the answer; cross-process with two replicas."""
+    import asyncio
+
+    from bench.httpload import Connection, Stats
+
+    headers = DIRECT
+    waiter_port = fleet.port
+    conn = await Connection("127.0.0.1", fleet.port).open()
+    if fleet.replicas > 1:
+        # One replica runs a long job; the other then runs every measured job, and
+        # the waiter waits on the busy one.
+        resp = await conn.request("POST", "/jobs", _body(600_000), headers)
+        blocker = resp.json()["job_id"]
+        for _ in range(500):
+            resp = await conn.request("GET", f"/jobs/{blocker}", b"", headers)
+            if resp.json()["state"] == "running":
+                break
+            await asyncio.sleep(0.02)
+        for i in range(fleet.replicas):
+            probe = await Connection("127.0.0.1", fleet.port + i).open()
+            metrics = (await probe.request("GET", "/metrics")).body.decode()
+            await probe.close()
+            if "mortred_workers_busy 1.0" in metrics:
+                waiter_port = fleet.port + i
+    await conn.close()
+    conn = await Connection("127.0.0.1", waiter_port).open()
+    stats = Stats()
+    started = time.perf_counter()
+    for _ in range(jobs):
+        resp = await conn.request("POST", "/jobs", _body(30), headers)
+        job = resp.json()["job_id"]
+        resp = await conn.request("GET", f"/jobs/{job}/wait?timeout=60000", b"", headers)
+        doc = resp.json()
+        assert doc["state"] == "done", doc
+        stats.latencies_ms.append((resp.received_unix - doc["completed_at"]) * 1000.0)
+    stats.elapsed_s = time.perf_counter() - started
+    await conn.close()
+    return stats
+
+
+def run_fleet(duration: float, per_client: int, wake_jobs: int) -> None:
+    import asyncio
+    import shutil
+    import tempfile
+
+    from tests.support.redis_server import redis_server
+
+    rows: list[tuple[str, str, Any]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="mortred-bench-fleet-"))
+    try:
+        with redis_server() as redis:
+            for store, replicas in (("memory", 1), ("redis", 1), ("redis", 2)):
+                fleet = Fleet(tmp, redis.url, f"B_{store}_{replicas}", store, replicas)
+                try:
+                    fleet.wait_ready()
+                    label = f"{store}, {replicas} process(es)"
+                    rows.append((label, "e2e jobs/s through the gateway",
+                                 asyncio.run(e2e_jobs(fleet, duration))))  # fmt: skip
+                    rows.append((label, "wake: completed_at → waiter answered",
+                                 asyncio.run(wake(fleet, wake_jobs))))  # fmt: skip
+                    if replicas == 1:
+                        rows.append((label, "submit ×32 straight to the model",
+                                     asyncio.run(submit_p99(fleet, per_client))))  # fmt: skip
+                finally:
+                    fleet.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("| store, processes | scenario | n | p50 ms | p99 ms | rate /s | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for label, what, st in rows:
+        print(
+            f"| {label} | {what} | {st.count} | {st.pct(50):.2f} | {st.pct(99):.2f} "
+            f"| {st.rate:,.1f} | {st.errors} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     client = sub.add_parser("client", help="the Redis client's round trip and rate")
     client.add_argument("--n", type=int, default=5000)
+    fleet = sub.add_parser("fleet", help="replicas behind the gateway, memory vs Redis")
+    fleet.add_argument("--duration", type=float, default=10.0)
+    fleet.add_argument("--submits-per-client", type=int, default=40)
+    fleet.add_argument("--wake-jobs", type=int, default=100)
     args = parser.parse_args()
     if args.what == "client":
         run_client(args.n)
+    else:
+        run_fleet(args.duration, args.submits_per_client, args.wake_jobs)
 
 
 if __name__ == "__main__":
