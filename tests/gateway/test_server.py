@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
@@ -480,3 +483,36 @@ def test_drain_with_nothing_open_fires_at_once() -> None:
     c = Conn()
     c.proto.connectionLost(None)
     assert c.factory.drain().called
+
+
+PIPELINE = (
+    GET
+    + b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+    + CHUNKED
+    + b"3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"
+    + b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n"
+    + CHUNKED
+    + b"0x2a\r\n"
+    + b"a" * 42
+    + b"\r\n0\r\n\r\n"
+    + CANARY
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(PIPELINE)), max_size=12))
+def test_answers_do_not_depend_on_how_bytes_are_cut(cuts: list[int]) -> None:
+    """However a pipeline is cut into reads, the same requests run and the same
+    answers come out: four served, the smuggling attempt refused, the canary never."""
+    c = Conn()
+    start = 0
+    for cut in sorted(set(cuts)):
+        c.send(PIPELINE[start:cut])
+        start = cut
+    c.send(PIPELINE[start:])
+    assert [(m, b) for m, _, b, _ in c.app.requests] == [
+        (b"GET", b""), (b"POST", b"hello"), (b"POST", b"abcde"), (b"HEAD", b"")
+    ]  # fmt: skip
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", c.out())
+    assert statuses == [b"200"] * 4 + [b"400"]
+    assert c.transport.disconnecting and c.refused == [400]
