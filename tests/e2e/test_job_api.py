@@ -310,3 +310,24 @@ def test_webhooks_are_signed_retried_and_deny_by_default(store: dict[str, str]) 
     filtered_log = [e for e in Receiver.log if e["id"].startswith(filtered["job_id"])]
     assert {e["state"] for e in filtered_log} == {"done"}
     assert [e["answered"] for e in filtered_log] == [503, 503, 200]
+
+
+def test_a_process_worker_that_ignores_cancel_is_killed_after_the_grace() -> None:
+    """worker_isolation = process: a one-step 60 s run never checks its flag; after
+    cancel_grace_ms its worker process is killed, the job ends cancelled and the
+    respawned worker runs the next job."""
+    env = {"MORTRED_ID": "GRACE", "MORTRED_WORKER_NUMS": "1",
+           "MORTRED_WORKER_ISOLATION": "process", "MORTRED_CANCEL_GRACE_MS": "300"}  # fmt: skip
+    with model_server(ASYNC_CONF, env=env) as srv:
+        status, doc = srv.json("POST", "/jobs", body(60_000, steps=1))
+        assert status == 202, doc
+        job = doc["job_id"]
+        for _ in range(600):  # bounded: until the worker has taken it
+            if srv.json("GET", f"/jobs/{job}")[1]["state"] == "running":
+                break
+            threading.Event().wait(0.05)
+        assert srv.json("DELETE", f"/jobs/{job}")[0] == 202
+        final = srv.json("GET", f"/jobs/{job}/wait?timeout=60000")[1]
+        assert final["state"] == "cancelled" and "worker process was killed" in final["error"]
+        _status, doc = srv.json("POST", "/jobs", body(50, steps=2))
+        assert srv.json("GET", f"/jobs/{doc['job_id']}/wait?timeout=60000")[1]["state"] == "done"
