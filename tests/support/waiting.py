@@ -6,12 +6,12 @@ wait on, so :func:`wait_until` polls the condition, sleeping a short, stated
 interval between checks, and fails with a message after a deadline. The deadline
 is a bound on a hang, not a timing assertion: pick it generously. Where the test
 process itself owns a signal (a thread of its own, a line read from a child's
-output), wait on that with :func:`wait_for_event` instead.
+output), wait on that instead (``threading.Event.wait``, ``Thread.join``), as
+``tests/support/servers.py`` does for a server's "ready" line.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -43,9 +43,3 @@ def wait_until(
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         if interval > 0:
             time.sleep(min(interval, remaining))  # polling: nothing will notify us
-
-
-def wait_for_event(event: threading.Event, timeout: float, what: str) -> None:
-    """Block until ``event`` is set; AssertionError naming ``what`` after ``timeout`` s."""
-    if not event.wait(timeout):
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
