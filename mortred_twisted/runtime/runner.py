@@ -187,6 +187,8 @@ class JobRunner:
         while draining, or while a pull is already under way)."""
         if not self._store.pull or self._draining or self._pulling:
             return
+        if self._workers.available <= self._starting:
+            return  # no free worker: every "queued" event of a busy replica ends here
         self._pulling = True
         d = Deferred.fromCoroutine(self._pull())
         d.addErrback(lambda f: log.failure("pulling jobs failed", f))
