@@ -70,6 +70,12 @@ def store(request: pytest.FixtureRequest) -> dict[str, str]:
     return env
 
 
+def own_id(store: dict[str, str]) -> dict[str, str]:
+    """The store's settings under a model id of its own: a second server with the
+    module server's id would be its replica on Redis and could run its jobs."""
+    return {**store, "MORTRED_ID": "JOBAPI_" + uuid.uuid4().hex[:8]}
+
+
 @pytest.fixture(scope="module")
 def server(store: dict[str, str]) -> Iterator[RunningServer]:
     """One worker, a token (so the gateway's principal header is honoured)."""
@@ -182,7 +188,7 @@ def test_listing_is_per_principal_newest_first_with_cursor(server: RunningServer
 def test_principal_header_is_ignored_without_a_token(store: dict[str, str]) -> None:
     """On a port without auth_token anyone could send X-Mortred-Principal: it is ignored
     (the caller is the port itself and sees every job)."""
-    with model_server(ASYNC_CONF, env=store) as srv:
+    with model_server(ASYNC_CONF, env=own_id(store)) as srv:
         status, doc = srv.json("POST", "/jobs", body(10), headers={"X-Mortred-Principal": "eve"})
         assert status == 202
         listed = srv.json("GET", "/jobs", headers={"X-Mortred-Principal": "mallory"})[1]
@@ -273,7 +279,7 @@ def test_webhooks_are_signed_retried_and_deny_by_default(store: dict[str, str]) 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = httpd.server_address[1]
-    env = {**store, "MORTRED_WEBHOOK_ALLOWED_HOSTS": f"127.0.0.1:{port}",
+    env = {**own_id(store), "MORTRED_WEBHOOK_ALLOWED_HOSTS": f"127.0.0.1:{port}",
            "MORTRED_WEBHOOK_SECRET": SECRET}  # fmt: skip
     try:
         with model_server(ASYNC_CONF, env=env) as srv:
