@@ -155,7 +155,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         _print_json(doc, out)
         return EXIT_OK
     rows = [("ID", "KIND", "STATE", "READY", "PID", "RESTARTS", "LAST EXIT / ERROR")]
-    for s in doc["servers"]:
+    # A model with replicas: its row, then one row per replica (``<id>@<n>``).
+    flat = [item for g in doc["servers"] for item in (g, *g.get("replicas", ()))]
+    for s in flat:
         last = s.get("error") or (s.get("last_exit") or {}).get("text") or ""
         rows.append(
             (

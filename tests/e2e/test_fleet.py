@@ -3,6 +3,7 @@ their jobs in a real redis-server (conf/replicas: what ``make run-replicas`` run
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mortred_twisted.cli import mortredctl
 from tests.control.plane import API_TOKEN, GW_TOKEN, ControlPlane, call
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.servers import free_port
@@ -113,6 +115,11 @@ def test_two_replicas_behind_the_gateway_share_200_jobs(tmp_path: Path, redis) -
         status = plane.wait_ready([MODEL])[MODEL]
         assert [r["id"] for r in status["replicas"]] == [f"{MODEL}@1", f"{MODEL}@2"]
         wait_until(lambda: plane.status()[MODEL]["ready_replicas"] == 2, 60, "both replicas")
+        table = io.StringIO()
+        argv = ["--addr", f"http://127.0.0.1:{plane.api_port}", "--token", API_TOKEN, "status"]
+        assert mortredctl.main(argv, table) == 0
+        rows = [line.split()[0] for line in table.getvalue().splitlines()[1:]]
+        assert rows[-3:] == [MODEL, f"{MODEL}@1", f"{MODEL}@2"]
         states: list[str] = []
         lock = threading.Lock()
 

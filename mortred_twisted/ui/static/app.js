@@ -39,7 +39,8 @@ async function refreshServers() {
     root.append(el("h3", {}, category));
     const table = el("table", {},
       el("tr", {}, ...["id", "state", "ready", "pid", "restarts", "last exit / error", ""].map((h) => el("th", {}, h))));
-    for (const s of servers) {
+    // A model with replicas is one row for the id, then one row per replica (id@n).
+    for (const s of servers.flatMap((g) => [g, ...(g.replicas || [])])) {
       const actions = el("td", {}, ...["start", "stop", "restart"].map((a) =>
         el("button", { "data-action": a, "data-id": s.id, onclick: () => act(s.id, a) }, a)));
       const last = s.error || (s.last_exit && s.last_exit.text) || "";
@@ -52,7 +53,9 @@ async function refreshServers() {
   }
   const sel = $("log-server");
   if (!sel.options.length) {
-    for (const s of doc.servers) sel.append(el("option", { value: s.id }, s.id));
+    for (const s of doc.servers.flatMap((g) => [g, ...(g.replicas || [])])) {
+      sel.append(el("option", { value: s.id }, s.id));
+    }
     sel.dispatchEvent(new Event("change"));
   }
 }
