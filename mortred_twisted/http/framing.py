@@ -52,6 +52,12 @@ REASONS: dict[int, bytes] = {
 }
 #: Control bytes never allowed in a header value (RFC 9110 5.5; HTAB is allowed).
 _CTL = bytes(range(0x20)).replace(b"\t", b"") + b"\x7f"
+#: First bytes of a line that is obs-fold (a continuation of the previous field).
+_FOLD = b" \t"
+#: Lower-cased first letters of the framing fields (Transfer-Encoding, Content-Length,
+#: Host, Expect): only those lines are looked at by name.
+_FRAMING_INITIALS = frozenset(b"tche")
+_CONTENT_LENGTH, _CHUNKED = 1, 2
 #: Visible ASCII and SP but ``%``: what :func:`header_value` leaves unescaped.
 _VISIBLE = "".join(chr(c) for c in range(0x20, 0x7F) if c != 0x25)
 
@@ -88,30 +94,6 @@ def response_bytes(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-@dataclass
-class Head:
-    """What the channel learnt of the request it is reading (request line, framing
-    headers); ``method``/``target``/``version`` are empty when the line is invalid
-    (twisted.web refuses it then)."""
-
-    method: bytes = b""
-    target: bytes = b""
-    version: bytes = b""
-    size: int = 0
-    headers: int = 0
-    hosts: int = 0
-    content_length: int = 0
-    chunked: bool = False
-    expect: list[bytes] = field(default_factory=list)
-
-    @classmethod
-    def from_request_line(cls, line: bytes) -> Head:
-        parts = line.split(b" ")
-        if len(parts) != 3:
-            return cls(size=len(line) + 2)
-        return cls(parts[0], parts[1], parts[2], size=len(line) + 2)
-
-
 @dataclass(frozen=True)
 class EarlyResponse:
     """A complete response decided from the request line and headers alone (the
@@ -136,20 +118,30 @@ class FramingChannel(HTTPChannel):
     #: Header fields per request (twisted.web allows 500); the gateway's limit too.
     maxHeaders = 200
 
-    def __init__(self) -> None:
-        super().__init__()
-        #: True once a refusal was written: nothing more is read.
-        self.refused = False
-        self.mortred_head: Head | None = None
-        self.mortred_busy = False
-        #: When the request being read began (its first byte), else None; the
-        #: site's sweep answers 408 to a request still being read long after.
-        self.reading_since: float | None = None
+    #: True once a refusal was written: nothing more is read.
+    refused = False
+    #: When the request being read began (its first byte), else None; the site's
+    #: sweep answers 408 to a request still being read long after.
+    reading_since: float | None = None
+    #: The request line of the request being read (None between requests), and what
+    #: its head has shown so far. Plain attributes, not a record: this runs per line.
+    mortred_line: bytes | None = None
+    mortred_size = 0
+    mortred_fields = 0
+    mortred_hosts = 0
+    mortred_length = 0  # _CONTENT_LENGTH | _CHUNKED seen
+    mortred_bad_expect = False
+    #: True while a request is being answered (bytes then wait in twisted.web's buffer).
+    mortred_busy = False
+    #: When the connection last received bytes or finished an answer.
+    last_active = 0.0
 
     # -- connection ------------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        super().connectionMade()
+        HTTPChannel.connectionMade(self)
+        self.mortred_now = self.factory.reactor.seconds
+        self.last_active = self.mortred_now()
         opened: Callable[[FramingChannel], None] | None = getattr(self.site, "channel_opened", None)
         if opened is not None:
             opened(self)
@@ -159,39 +151,42 @@ class FramingChannel(HTTPChannel):
         closed: Callable[[FramingChannel], None] | None = getattr(self.site, "channel_closed", None)
         if closed is not None:
             closed(self)
-        super().connectionLost(reason)
+        HTTPChannel.connectionLost(self, reason)
 
-    # -- reading ---------------------------------------------------------------------
+    # -- reading (base methods called directly: this is the per-line hot path) --------
 
     def dataReceived(self, data: bytes) -> None:
         if self.refused:
             return
+        now = self.last_active = self.mortred_now()
         if self.reading_since is None and not self.mortred_busy:
-            self.reading_since = self.factory.reactor.seconds()
-        super().dataReceived(data)
+            self.reading_since = now
+        HTTPChannel.dataReceived(self, data)
 
     def lineReceived(self, line: bytes) -> None:
         if self.refused:
             return
-        head = self.mortred_head
-        if head is None:
+        if self.mortred_line is None:
             if line:  # a request line (an empty one is twisted's to ignore once)
-                self.mortred_head = Head.from_request_line(line)
-            super().lineReceived(line)
+                self.mortred_line = line
+                self.mortred_size = len(line) + 2
+                self.mortred_fields = self.mortred_hosts = self.mortred_length = 0
+                self.mortred_bad_expect = False
+            HTTPChannel.lineReceived(self, line)
             return
-        head.size += len(line) + 2
+        size = self.mortred_size = self.mortred_size + len(line) + 2
         if line:
-            head.headers += 1
-            if head.size > self.totalHeadersSize or head.headers > self.maxHeaders:
-                self.refuse(431, "request head too large")
-                return
-            if line[0] in b" \t":
+            fields = self.mortred_fields = self.mortred_fields + 1
+            if line[0] in _FOLD:
                 self.refuse(400, "obsolete line folding in the request head")
                 return
-        super().lineReceived(line)
+            if size > self.totalHeadersSize or fields > self.maxHeaders:
+                self.refuse(431, "request head too large")
+                return
+        HTTPChannel.lineReceived(self, line)
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        if self.mortred_head is None:
+        if self.mortred_line is None:
             self.refuse(414, "request line too long")
         else:
             self.refuse(431, "request head too large")
@@ -199,74 +194,74 @@ class FramingChannel(HTTPChannel):
     def headerReceived(self, line: bytes) -> bool:
         if self.refused:
             return False
-        head = self.mortred_head
-        name, _, value = line.partition(b":")
-        value = value.strip(b" \t")
-        if value.translate(None, _CTL) != value:
-            return self.refuse(400, "control character in a header value")
-        lname = name.lower()
-        if head is not None:
-            if lname == b"transfer-encoding":
-                if head.version != b"HTTP/1.1":
+        if len(line.translate(None, _CTL)) != len(line):
+            return self.refuse(400, "control character in a header")
+        if line[0] | 0x20 in _FRAMING_INITIALS:  # t(ransfer-encoding) c h e
+            name, _, value = line.partition(b":")
+            name = name.lower()
+            if name == b"transfer-encoding":
+                if not (self.mortred_line or b"").endswith(b" HTTP/1.1"):
                     return self.refuse(400, "Transfer-Encoding in an HTTP/1.0 request")
-                if head.content_length or head.chunked:
+                if self.mortred_length:
                     return self.refuse(400, "ambiguous body length")
-                codings = [c.strip().lower() for c in value.split(b",")]
+                codings = [c.strip(b" \t").lower() for c in value.split(b",")]
                 if codings[-1] != b"chunked" or codings.count(b"chunked") > 1:
                     return self.refuse(400, "chunked must be the final transfer coding")
                 if len(codings) > 1:
                     return self.refuse(501, "transfer coding not implemented")
-                head.chunked = True
-            elif lname == b"content-length":
-                if head.content_length or head.chunked:
+                self.mortred_length = _CHUNKED
+            elif name == b"content-length":
+                if self.mortred_length:
                     return self.refuse(400, "ambiguous body length")
-                head.content_length += 1
-            elif lname == b"host":
-                head.hosts += 1
-            elif lname == b"expect":
-                head.expect.append(value)
-        return bool(super().headerReceived(line))
+                self.mortred_length = _CONTENT_LENGTH
+            elif name == b"host":
+                self.mortred_hosts += 1
+            elif name == b"expect" and value.strip(b" \t").lower() != b"100-continue":
+                self.mortred_bad_expect = True
+        return bool(HTTPChannel.headerReceived(self, line))
 
     def allHeadersReceived(self) -> None:
         if self.refused:
             return
-        head = self.mortred_head or Head()
-        if head.hosts > 1 or (head.hosts == 0 and head.version == b"HTTP/1.1"):
+        hosts = self.mortred_hosts
+        if hosts != 1 and (hosts or (self.mortred_line or b"").endswith(b" HTTP/1.1")):
             self.refuse(400, "an HTTP/1.1 request needs exactly one Host header")
             return
-        if any(e.lower() != b"100-continue" for e in head.expect):
+        if self.mortred_bad_expect:
             self.refuse(417, "only Expect: 100-continue is supported")
             return
         limit = getattr(self.site, "body_limit", None)
         if limit is not None and self.length is not None and self.length > limit:
             self.refuse_too_large(self.length)
             return
-        super().allHeadersReceived()
+        HTTPChannel.allHeadersReceived(self)
 
     def allContentReceived(self) -> None:
         if self.refused:
             return  # the rest of a refused chunked body: never a request
         self.reading_since = None
-        self.mortred_head = None
+        self.mortred_line = None
         self.mortred_busy = True
-        super().allContentReceived()
+        HTTPChannel.allContentReceived(self)
 
     def requestDone(self, request: Any) -> None:
         self.mortred_busy = False
-        super().requestDone(request)
+        self.last_active = self.mortred_now()
+        HTTPChannel.requestDone(self, request)
 
     # -- refusing --------------------------------------------------------------------
 
     def refuse_too_large(self, length: int) -> None:
         """A body over the site's limit: the site's ``early_reject`` answer, then close."""
-        head = self.mortred_head or Head()
+        parts = (self.mortred_line or b"").split(b" ")
+        method, target = (parts[0], parts[1]) if len(parts) == 3 else (b"", b"")
         early = getattr(self.site, "early_reject", None)
         if early is None:
             self.refuse(413, "request body too large")
             return
         request = self.requests[-1] if self.requests else None
         headers = request.requestHeaders if request is not None else None
-        answer = early(head.method, head.target, headers, length)
+        answer = early(method, target, headers, length)
         self._write_refusal(answer.status, answer.body, answer.headers)
 
     def refuse(self, status: int, message: str) -> bool:
@@ -296,10 +291,16 @@ class FramingChannel(HTTPChannel):
         self.transport.write(response_bytes(status, body, headers))
         self.loseConnection()
 
-    def expire(self, before: float) -> None:
-        """The site's sweep: a request whose first byte came before ``before`` and that
-        is still being read (head or body) is answered 408 and the connection closes.
-        A request being answered (a long ``/wait``) is never timed out here."""
+    def expire(self, reading: float | None, idle: float | None) -> None:
+        """The site's sweep: a request whose first byte came before ``reading`` and that
+        is still being read (head or body) is answered 408 and the connection closes;
+        a connection silent since before ``idle`` between requests is closed. A
+        request being answered (a long ``/wait``) is never timed out here."""
+        if self.mortred_busy or self.refused:
+            return
         since = self.reading_since
-        if since is not None and since < before and not self.mortred_busy:
-            self.refuse(408, "request not received in time")
+        if since is not None:
+            if reading is not None and since < reading:
+                self.refuse(408, "request not received in time")
+        elif idle is not None and self.last_active < idle:
+            self.loseConnection()

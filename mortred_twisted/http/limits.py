@@ -29,16 +29,22 @@ from mortred_twisted.http.framing import EarlyResponse, FramingChannel
 
 __all__ = ["EarlyReject", "EarlyResponse", "LimitedRequest", "LimitedSite"]
 
+#: Seconds a connection may stay silent between requests (twisted.web's default).
+IDLE_TIMEOUT_S = 60 * 60 * 12
 #: (method, target, headers, declared or observed body length) -> response
 EarlyReject = Callable[[bytes, bytes, Any, int], EarlyResponse]
 
 
 class LimitedSite(Site):
     """A ``Site`` whose channels apply :mod:`~mortred_twisted.http.framing`'s rules and
-    ``body_limit``; see the module docstring. ``read_timeout_s`` (0 = none) bounds the
-    time from a request's first byte until its head and body are in: one sweep every
-    ``read_timeout_s / 4`` (at most 1 s) answers 408 to slower ones (no timer per
-    request), so a request is cut between 1 and 1.25 times the deadline."""
+    ``body_limit``; see the module docstring.
+
+    Deadlines without a timer per request: ``read_timeout_s`` (0 = none) bounds the
+    time from a request's first byte until its head and body are in (408), and a
+    connection silent for ``idle_timeout_s`` between requests is closed (twisted.web's
+    own idle timer, 12 hours by default, is off: it re-armed a reactor timer twice per
+    request). One sweep every ``read_timeout_s / 4`` (at most 1 s) checks every
+    connection, so a deadline is met within a quarter of it."""
 
     protocol = FramingChannel
 
@@ -52,6 +58,7 @@ class LimitedSite(Site):
         on_finished: Callable[[Request], None] | None = None,
         max_connections: int = 0,
         read_timeout_s: float = 60.0,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
         reactor: Any = None,
     ) -> None:
         # parsePOSTFormSubmission=False: twisted.web would parse every POST's
@@ -62,10 +69,12 @@ class LimitedSite(Site):
             requestFactory=LimitedRequest,
             parsePOSTFormSubmission=False,
             reactor=reactor,
+            timeout=None,
         )
         self.body_limit = body_limit
         self.early_reject = early_reject
         self.read_timeout_s = read_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.access_log = access_log
         self.on_finished = on_finished
         self.max_connections = max_connections
@@ -98,17 +107,21 @@ class LimitedSite(Site):
 
     def sweep(self) -> None:
         """Answer 408 to every request still being read ``read_timeout_s`` after its
-        first byte (:meth:`FramingChannel.expire`)."""
-        before = self.reactor.seconds() - self.read_timeout_s
+        first byte, and close connections idle for ``idle_timeout_s``
+        (:meth:`FramingChannel.expire`)."""
+        now = self.reactor.seconds()
+        reading = now - self.read_timeout_s if self.read_timeout_s > 0 else None
+        idle = now - self.idle_timeout_s if self.idle_timeout_s > 0 else None
         for channel in list(self.channels):
-            channel.expire(before)
+            channel.expire(reading, idle)
 
     def startFactory(self) -> None:
         super().startFactory()
-        if self.read_timeout_s > 0 and self._sweeper is None:
+        deadlines = [t for t in (self.read_timeout_s, self.idle_timeout_s) if t > 0]
+        if deadlines and self._sweeper is None:
             self._sweeper = LoopingCall(self.sweep)
             self._sweeper.clock = self.reactor
-            self._sweeper.start(min(1.0, self.read_timeout_s / 4), now=False)
+            self._sweeper.start(min(1.0, min(deadlines) / 4), now=False)
 
     def stopFactory(self) -> None:
         if self._sweeper is not None:

@@ -114,3 +114,22 @@ def test_header_value_keeps_visible_ascii_and_escapes_the_rest() -> None:
     assert header_value("☃") == b"%E2%98%83"
     assert header_value("a\r\nSet-Cookie: x") == b"a%0D%0ASet-Cookie: x"
     assert header_value("50% é") == b"50%25 %C3%A9"
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout() -> None:
+    """A keep-alive connection silent for idle_timeout_s between requests is closed
+    (no answer owed); one that keeps sending requests stays open."""
+    clock = Clock()
+    site = LimitedSite(
+        Recorder(), 10, lambda *a: EarlyResponse(413, b""), read_timeout_s=5,
+        idle_timeout_s=30, reactor=clock,
+    )  # fmt: skip
+    site.startFactory()
+    _idle, idle_transport = connect(site)
+    busy, busy_transport = connect(site)
+    for _ in range(4):
+        busy.dataReceived(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        clock.advance(10)
+    assert idle_transport.disconnecting and idle_transport.value() == b""
+    assert not busy_transport.disconnecting
+    site.stopFactory()
