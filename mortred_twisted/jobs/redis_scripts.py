@@ -273,7 +273,7 @@ return 0
 """
 )
 
-#: ARGV: owner, lease_ms, max_attempts, ttl_ms, max_completed, budget_ms (0 none),
+#: ARGV: owner, lease_ms, max_attempts (0: renew only), ttl_ms, max_completed, budget_ms (0 none),
 #: overdue error text, then the ids this replica runs.
 #: -> {renewed, requeued, failed (lost), timed out, forgotten, depth}
 MAINTAIN = (
@@ -291,7 +291,13 @@ for i = 8, #ARGV do
     renewed = renewed + 1
   end
 end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIMIT', 0, 100)) do
+-- max_attempts 0: renew only (this replica has just reconnected; the others have
+-- not had a chance to renew theirs yet)
+local expired = {}
+if max_attempts > 0 then
+  expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIMIT', 0, 100)
+end
+for _, id in ipairs(expired) do
   local key = P .. 'job:' .. id
   local f = redis.call('HMGET', key, 'state', 'attempt')
   redis.call('ZREM', P .. 'leases', id)

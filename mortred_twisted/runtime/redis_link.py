@@ -4,11 +4,11 @@ Two connections, each kept up by a ``ClientService`` (reconnect with backoff):
 
 - **commands**: every store operation is one ``EVALSHA`` of a script from
   :mod:`mortred_twisted.jobs.redis_scripts` (loaded on each new connection, so a
-  restarted Redis gets them again). Replies are bytes (``charset=None``) and never
-  number-converted. While the connection is down a call fails at once with
-  :class:`StoreUnavailable` — it is never queued to run later, so a refused
-  submit leaves nothing behind. A reply that takes longer than ``reply_timeout_s``
-  drops the connection (and the call fails).
+  restarted Redis gets them again; ``on_connected`` runs after each). Replies are
+  bytes (``charset=None``) and never number-converted. While the connection is
+  down a call fails at once with :class:`StoreUnavailable` — it is never queued
+  to run later, so a refused submit leaves nothing behind. A reply that takes
+  longer than ``reply_timeout_s`` drops the connection (and the call fails).
 - **events**: a ``SUBSCRIBE`` to the model's channel; each message is handed to
   ``on_event``. After every (re)subscription ``on_subscribed`` runs, so the owner
   can re-read whatever it waits for: an event published while the subscription
@@ -78,6 +78,7 @@ class RedisLink:
         stream: str,
         on_event: Callable[[bytes], None],
         on_subscribed: Callable[[], None],
+        on_connected: Callable[[], None] | None = None,
         reply_timeout_s: float = 5.0,
     ) -> None:
         self.address = address
@@ -85,6 +86,7 @@ class RedisLink:
         self._channel = channel
         self._stream = stream
         self._on_subscribed = on_subscribed
+        self._on_connected = on_connected
         self._shas: dict[str, str] = {}
         self._conn: Any = None
         self._sub: Any = None
@@ -142,6 +144,8 @@ class RedisLink:
         ready, self._ready = self._ready, []
         for d in ready:
             d.callback(None)
+        if self._on_connected is not None:
+            self._on_connected()
 
     def _prepare(self, proto: Any) -> Deferred[None]:
         return Deferred.fromCoroutine(self._prepare_async(proto))

@@ -122,7 +122,12 @@ class RedisJobStore:
             stream=self._prefix + "queue",
             on_event=self._on_event,
             on_subscribed=self._resync_waiters,
+            on_connected=self._reconnected,
         )
+        # Leases of other replicas are not reclaimed before this time: after an
+        # outage longer than a lease every lease looks expired, and the replicas
+        # still running those jobs need one lease period to renew them.
+        self._reclaim_from = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -312,8 +317,10 @@ class RedisJobStore:
         """Renew this replica's leases, re-queue or fail the jobs of lost replicas,
         time out overdue pending jobs, forget expired retention entries."""
         overdue = f"job exceeded async_timeout ({self._budget_ms} ms) while waiting for a worker"
+        reclaim = self._reactor.seconds() >= self._reclaim_from
+        attempts = self._max_attempts if reclaim else 0  # 0: renew only
         d = self._script(
-            "maintain", self.owner, self._lease_ms, self._max_attempts, self._ttl_ms,
+            "maintain", self.owner, self._lease_ms, attempts, self._ttl_ms,
             self._max_completed, self._budget_ms, overdue, *self._held,
         )  # fmt: skip
 
@@ -363,6 +370,11 @@ class RedisJobStore:
             self.on_cancel(job)
         elif kind == b"p" and self.on_change is not None:
             self.on_change(job)
+
+    def _reconnected(self) -> None:
+        """(Re)connected: renew this replica's leases now, reclaim others' later."""
+        self._reclaim_from = self._reactor.seconds() + self._lease_ms / 1000.0
+        self.maintain().addErrback(lambda _f: None)
 
     def _resync_waiters(self) -> None:
         """After (re)subscribing: count the waited-for jobs that are terminal now."""
