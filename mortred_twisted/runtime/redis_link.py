@@ -177,8 +177,22 @@ class RedisLink:
         return d.addErrback(_unavailable)
 
     def script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Deferred[Any]:
-        """``EVALSHA`` of a script of :data:`SCRIPTS` (loaded at connect)."""
-        return self.call("EVALSHA", self._shas.get(name, ""), len(keys), *keys, *args)
+        """``EVALSHA`` of a script of :data:`SCRIPTS` (loaded at connect; loaded again
+        and retried once if Redis lost it, e.g. after ``SCRIPT FLUSH``)."""
+        d = self.call("EVALSHA", self._shas.get(name, ""), len(keys), *keys, *args)
+
+        def reload(failure: Any) -> Any:
+            if not (failure.check(txredisapi.ResponseError) and "NOSCRIPT" in str(failure.value)):
+                return failure
+            loaded = self.call("SCRIPT", "LOAD", SCRIPTS[name])
+
+            def again(sha: Any) -> Deferred[Any]:
+                self._shas[name] = sha.decode() if isinstance(sha, bytes) else sha
+                return self.call("EVALSHA", self._shas[name], len(keys), *keys, *args)
+
+            return loaded.addCallback(again)
+
+        return d.addErrback(reload)
 
 
 def _unavailable(failure: Any) -> Any:

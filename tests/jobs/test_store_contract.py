@@ -415,3 +415,15 @@ async def test_an_unreachable_store_fails_fast(model_id: str) -> None:
             await store.snapshot("job_x")
     finally:
         await store.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_scripts_flushed_from_redis_are_loaded_again(
+    redis: RedisServer, replicas: Callable[..., Any]
+) -> None:
+    """After SCRIPT FLUSH the next call loads its script again instead of failing."""
+    a = await replicas()
+    job = await a.submit(REQ)
+    redis.command("SCRIPT", "FLUSH")
+    assert (await a.snapshot(job)).state is JobState.PENDING
+    assert await a.submit(REQ)
