@@ -6,11 +6,26 @@ Decision order for a protected path: bearer token present? → static token
 configured token never matches (``token_matches``), so "no token" can only mean
 "open" through the explicit :attr:`AccessPolicy.open` flag, which
 :func:`check_startup` forbids on a non-loopback host (fail-closed).
+
+**Callers.** An allowed decision names the caller the gateway passes to the model
+server (``X-Mortred-Principal``, :attr:`Decision.caller`), which owns the jobs that
+caller submits and scopes its listing and ``Idempotency-Key`` s:
+
+* an API key → ``key:<name>`` (the name percent-encoded; names are unique in the key
+  file and survive a key's rotation), with ``X-Mortred-Principal-Scope: all``
+  (:attr:`Decision.all_jobs`) when the key's scope is ``all``;
+* the static gateway token → ``gateway-token``, scope all (the operator's token: it
+  also reads ``/metrics``); every client sharing it is one caller;
+* an open gateway (no token, no keys: loopback only) → ``anonymous``, scope all.
+
+The prefixes keep a key named like one of the others from ever sharing its jobs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from mortred_twisted.gateway.apikeys import KeyRing
 from mortred_twisted.http.auth import bearer_token, is_loopback_host, token_matches
@@ -33,10 +48,30 @@ class Decision:
     message: str = ""
     retry_after: int | None = None
     reason: str = ""  # metrics label for failures
+    #: the ``X-Mortred-Principal`` value for an allowed request (see module docstring)
+    caller: bytes = b""
+    #: the caller lists every job (``X-Mortred-Principal-Scope: all``)
+    all_jobs: bool = False
 
     @property
     def allowed(self) -> bool:
         return self.status == 0
+
+
+#: The model server keeps this many characters of a principal: longer key names are
+#: named by their hash so that two never share a truncated prefix.
+MAX_CALLER = 128
+_OPEN = Decision(0, "anonymous", caller=b"anonymous", all_jobs=True)
+_STATIC = Decision(0, "static-token", caller=b"gateway-token", all_jobs=True)
+_METRICS_TOKEN = Decision(0, "metrics-token")
+
+
+def key_caller(name: str) -> bytes:
+    """The ``X-Mortred-Principal`` of the API key named ``name`` (visible ASCII)."""
+    value = "key:" + quote(name, safe="")
+    if len(value) > MAX_CALLER:
+        value = "key:sha256:" + hashlib.sha256(name.encode("utf-8")).hexdigest()
+    return value.encode("ascii")
 
 
 def check_startup(host: str, static_token: str, keys: KeyRing) -> None:
@@ -67,6 +102,8 @@ class AccessPolicy:
         self.metrics_token = metrics_token
         self.keys = keys
         self._limiter = limiter
+        #: key name -> its caller header value (computed once per name)
+        self._callers: dict[str, bytes] = {}
 
     @property
     def open(self) -> bool:
@@ -76,18 +113,19 @@ class AccessPolicy:
     def replace_keys(self, keys: KeyRing) -> None:
         self.keys = keys
         self._limiter.forget_except({k.name for k in keys.keys})
+        self._callers = {}
 
     def decide(self, authorization: bytes | str | None, need: str = INFERENCE) -> Decision:
         """Decide for a request needing scope ``need`` (``inference`` or ``metrics``)."""
         if self.open and not (need == METRICS and self.metrics_token):
-            return Decision(0, "anonymous")
+            return _OPEN
         token = bearer_token(authorization)
         if token is None:
             return Decision(401, message="missing bearer token", reason="missing")
         if token_matches(token, self.static_token):
-            return Decision(0, "static-token")
+            return _STATIC
         if need == METRICS and token_matches(token, self.metrics_token):
-            return Decision(0, "metrics-token")
+            return _METRICS_TOKEN
         key = self.keys.lookup(token)
         if key is None:
             return Decision(401, message="invalid token", reason="invalid")
@@ -102,4 +140,7 @@ class AccessPolicy:
             return Decision(
                 429, key.name, f"rate limit exceeded for key {key.name!r}", retry, "rate"
             )
-        return Decision(0, key.name)
+        caller = self._callers.get(key.name)
+        if caller is None:
+            caller = self._callers[key.name] = key_caller(key.name)
+        return Decision(0, key.name, caller=caller, all_jobs=key.scope == "all")

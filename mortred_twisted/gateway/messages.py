@@ -60,10 +60,14 @@ class ProxyRequest:
     """One request as ``GatewayApp.dispatch`` sees it (a subset of ``IRequest``).
 
     ``content`` is a ``BytesIO`` over the body (it shares the bytes, no copy) or None.
-    The response side is filled by the app: ``code``, ``responseHeaders``.
+    The response side is filled by the app: ``code``, ``responseHeaders``, and for a
+    streamed answer :meth:`write` (``IRequest.write``): the first call sends the head
+    (chunked on HTTP/1.1; on HTTP/1.0 the connection then closes at the end), each
+    call one piece at once; the dispatch Deferred's bytes are the last piece.
     """
 
     __slots__ = (
+        "channel",
         "clientproto",
         "code",
         "content",
@@ -73,6 +77,7 @@ class ProxyRequest:
         "peer",
         "requestHeaders",
         "responseHeaders",
+        "started",
         "uri",
     )
 
@@ -89,6 +94,12 @@ class ProxyRequest:
         self.content: io.BytesIO | None = None
         self.keep_alive = keep_alive
         self.peer: Any = None  # the client's address (IAddress), set by the connection
+        self.channel: Any = None  # the connection, for streamed answers (write)
+        self.started = False  # a streamed answer's head was sent
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` now, as the next piece of a streamed answer."""
+        self.channel.write_body(self, data)
 
     def getClientAddress(self) -> Any:
         return self.peer
@@ -111,6 +122,11 @@ class Refusal(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class StreamCut(Exception):
+    """A streamed answer that cannot be completed (its source broke off): the server
+    closes the connection without the final chunk, so the client sees it cut."""
 
 
 def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:
@@ -137,6 +153,39 @@ def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:
     if request.method != b"HEAD":
         parts.append(body)
     return b"".join(parts)
+
+
+_SERVER_OWNED = frozenset((b"connection", b"date", b"server"))
+#: framing headers a streamed answer sets itself
+_STREAM_OWNED = _SERVER_OWNED | {b"content-length", b"transfer-encoding"}
+
+
+def _head(request: ProxyRequest, skip: frozenset[bytes]) -> list[bytes]:
+    code = request.code
+    parts = [b"HTTP/1.1 %d %s\r\n" % (code, _REASONS.get(code, b"Unknown"))]
+    for low, (name, values) in request.responseHeaders._items.items():
+        if low in skip:
+            continue
+        for value in values:
+            parts += (name, b": ", value, b"\r\n")
+    return parts
+
+
+def encode_stream_head(request: ProxyRequest, chunked: bool) -> bytes:
+    """The head of a streamed answer: ``Transfer-Encoding: chunked`` (HTTP/1.1), or
+    no framing and ``Connection: close`` (HTTP/1.0: the close ends the body)."""
+    parts = _head(request, _STREAM_OWNED)
+    parts += (b"Date: ", http_date(), b"\r\nServer: ", _SERVER, b"\r\n")
+    parts.append(b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n")
+    return b"".join(parts)
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body (never empty: that would end the body)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
 
 
 def error_response(status: int, message: str) -> bytes:

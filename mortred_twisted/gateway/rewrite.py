@@ -4,7 +4,9 @@ A model process answers a submit with ``Location: /jobs/<id>`` and
 ``poll_url``/``result_url`` under ``/jobs/<id>``; clients of the gateway must see
 ``/v1/models/<model>/jobs/<id>…`` instead (seed 002, T2). Only values that point at
 the model's ``/jobs/`` tree are rewritten (relative, or absolute URLs of any host: the
-model port is never a public address); everything else passes unchanged.
+model port is never a public address); everything else passes unchanged. The same
+holds for each job of a listing (``{"jobs": [status…]}``) and for the status JSON in
+each ``data:`` line of a job's event stream (:class:`EventRecords`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ _FIELD_PATH = re.compile(rb'("(?:poll_url|result_url)"\s*:\s*")(/jobs/)')
 
 
 def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
-    """A job body (submit 202, poll/wait 200) with ``poll_url``/``result_url``
-    rewritten; byte for byte unchanged when it is not a JSON object or holds nothing
-    to rewrite.
+    """A job body (submit 202, poll/wait 200, cancel 200/202, a listing's
+    ``{"jobs": [...]}``) with ``poll_url``/``result_url`` rewritten; byte for byte
+    unchanged when it is not a JSON object or holds nothing to rewrite.
 
     Fast path (every poll pays it): relative ``/jobs/`` values are rewritten in the
     bytes, keeping the rest of the body as the model wrote it. A key quoted inside a
@@ -70,6 +72,18 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
         return body
     if not isinstance(doc, dict):
         return body
+    changed = _rewrite_fields(doc, model_id)
+    jobs = doc.get("jobs")
+    if isinstance(jobs, list):
+        for job in jobs:
+            if isinstance(job, dict) and _rewrite_fields(job, model_id):
+                changed = True
+    if not changed:
+        return body
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _rewrite_fields(doc: dict[str, Any], model_id: str) -> bool:
     changed = False
     for name in REWRITTEN_FIELDS:
         value = doc.get(name)
@@ -78,6 +92,57 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
             if new != value:
                 doc[name] = new
                 changed = True
-    if not changed:
-        return body
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return changed
+
+
+#: Bytes an event stream may hold without a record boundary before they are passed
+#: on as they are (the model's records are a few hundred bytes).
+MAX_RECORD = 1 << 20
+
+
+def rewrite_event_data(records: bytes, model_id: str) -> bytes:
+    """Complete ``text/event-stream`` records with each ``data:`` line's job URLs
+    rewritten (a line stays one line: JSON never holds a raw line break)."""
+    if b"/jobs/" not in records:
+        return records
+    out = []
+    for line in records.splitlines(keepends=True):
+        if line.startswith(b"data:"):
+            body = line.rstrip(b"\r\n")
+            lead = 6 if body.startswith(b"data: ") else 5
+            line = body[:lead] + rewrite_job_urls(body[lead:], model_id) + line[len(body) :]
+        out.append(line)
+    return b"".join(out)
+
+
+class EventRecords:
+    """Cuts a job's event stream, as it arrives in arbitrary pieces, at record
+    boundaries (a blank line), so that each complete record's ``data:`` lines are
+    rewritten whole (:func:`rewrite_event_data`). Pure; one per stream."""
+
+    __slots__ = ("_model_id", "_partial")
+
+    def __init__(self, model_id: str) -> None:
+        self._model_id = model_id
+        self._partial = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """The complete records in what arrived so far (``b""`` while none is)."""
+        if self._partial:
+            data = self._partial + data
+        lf = data.rfind(b"\n\n")
+        crlf = data.rfind(b"\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+        if not end:
+            if len(data) > MAX_RECORD:  # not an event stream we know: pass it on
+                self._partial = b""
+                return data
+            self._partial = data
+            return b""
+        self._partial = data[end:]
+        return rewrite_event_data(data[:end], self._model_id)
+
+    def flush(self) -> bytes:
+        """What is left when the stream ends (an incomplete record, passed as is)."""
+        rest, self._partial = self._partial, b""
+        return rest

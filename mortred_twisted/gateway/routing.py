@@ -9,17 +9,29 @@ The table is the seed's T15 table plus the legacy sync route::
     GET  /v1/models/{id}/jobs/{job}/result     -> GET  /jobs/{job}/result
     POST {server_uri}  (legacy, sync only)     -> POST <server_uri>
 
-Bare ``/jobs`` is not routed. Matching is split in two steps so the edge can answer
-405 and 401 before revealing whether a model id exists: :func:`match` looks only at
-the path shape, :func:`resolve` looks the id up in the catalog.
+and the job API beyond the seed (docs/api.md § "Beyond the seed")::
+
+    DELETE /v1/models/{id}/jobs/{job}          -> DELETE /jobs/{job}         (cancel)
+    GET  /v1/models/{id}/jobs?state=&limit=&cursor=
+                                               -> GET  /jobs?...             (listing)
+    GET  /v1/models/{id}/jobs/{job}/events     -> GET  /jobs/{job}/events    (SSE stream)
+
+Bare ``/jobs`` is not routed. Matching is split in steps so the edge can answer 405
+and 401 before revealing whether a model id exists: :func:`match` looks only at the
+path shape, :func:`check_method` picks the route the method selects on that shape
+(one path may carry two routes: ``…/jobs`` is submit and listing, ``…/jobs/{job}``
+poll and cancel), :func:`resolve` looks the id up in the catalog. The listing's
+query is rebuilt from its parsed ``state``, ``limit`` and ``cursor`` only (first value
+of each); the wait's is passed as is (the model parses ``timeout`` itself).
 
 A model id served by several processes (``replicas`` and ``[gateway.upstreams]``) has
 an :class:`UpstreamSet`: sync inference and job submits go to the healthy upstream
-with the fewest requests in flight from this gateway; polls, waits and results to
-any healthy one (round robin: the job store is shared). An upstream that refuses a
-connection is skipped for a short cooldown, and the request is tried on another one
-(:meth:`Route.elsewhere`) — safe even for a submit, since a refused connection
-provably never reached a replica.
+with the fewest requests in flight from this gateway; polls, waits, results, cancels,
+listings and event streams to any healthy one (round robin: the job store is
+shared). An upstream that refuses a connection is skipped for a short cooldown, and
+the request is tried on another one (:meth:`Route.elsewhere`) — safe for every
+route, a submit included, since a refused connection provably never reached a
+replica (and a cancel is idempotent anyway).
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import enum
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlencode
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 
@@ -47,16 +59,28 @@ class RouteKind(enum.Enum):
     WAIT = "jobs_wait"
     RESULT = "jobs_result"
     LEGACY = "legacy_infer"
+    CANCEL = "jobs_cancel"
+    LIST = "jobs_list"
+    EVENTS = "jobs_events"
 
 
-ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
-    RouteKind.INFER: ("POST",),
-    RouteKind.SUBMIT: ("POST",),
-    RouteKind.POLL: ("GET",),
-    RouteKind.WAIT: ("GET",),
-    RouteKind.RESULT: ("GET",),
-    RouteKind.LEGACY: ("POST",),
+#: Per path shape (the kind :func:`match` returns for it): the route each allowed
+#: method selects.
+METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
+    RouteKind.INFER: {"POST": RouteKind.INFER},
+    RouteKind.SUBMIT: {"POST": RouteKind.SUBMIT, "GET": RouteKind.LIST},
+    RouteKind.POLL: {"GET": RouteKind.POLL, "DELETE": RouteKind.CANCEL},
+    RouteKind.WAIT: {"GET": RouteKind.WAIT},
+    RouteKind.RESULT: {"GET": RouteKind.RESULT},
+    RouteKind.EVENTS: {"GET": RouteKind.EVENTS},
+    RouteKind.LEGACY: {"POST": RouteKind.LEGACY},
 }
+#: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
+ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
+    kind: tuple(methods) for kind, methods in METHOD_KINDS.items()
+}
+#: Query keys of the listing forwarded upstream (the first value of each).
+LIST_QUERY_KEYS = ("state", "limit", "cursor")
 
 
 @dataclass(frozen=True)
@@ -207,6 +231,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
                 return Match(RouteKind.WAIT, model_id, job)
             if rest[2:] == ["result"]:
                 return Match(RouteKind.RESULT, model_id, job)
+            if rest[2:] == ["events"]:
+                return Match(RouteKind.EVENTS, model_id, job)
         return None
     entry = catalog.by_uri(path)
     if entry is not None:
@@ -214,15 +240,31 @@ def match(path: str, catalog: Catalog) -> Match | None:
     return None
 
 
-def check_method(m: Match, method: str) -> None:
-    """Raise a 405 :class:`RouteError` (with ``Allow``) for a wrong method."""
-    allowed = ALLOWED_METHODS[m.kind]
-    if method not in allowed:
+def check_method(m: Match, method: str) -> Match:
+    """The match of the route ``method`` selects on ``m``'s path (``m`` itself when
+    it is the shape's first route); raises a 405 :class:`RouteError` (with ``Allow``)
+    for a method the path does not take."""
+    kind = METHOD_KINDS[m.kind].get(method)
+    if kind is None:
+        allowed = ALLOWED_METHODS[m.kind]
         raise RouteError(
             405,
             f"method not allowed: {method} (allowed: {', '.join(allowed)})",
             {"Allow": ", ".join(allowed)},
         )
+    if kind is m.kind:
+        return m
+    return Match(kind, m.model_id, m.job_id)
+
+
+def list_query(query: str) -> str:
+    """The listing's query as forwarded: only ``state``, ``limit`` and ``cursor``,
+    the first value of each, re-encoded (anything else the client sent is dropped)."""
+    kept: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=False):
+        if name in LIST_QUERY_KEYS and name not in kept:
+            kept[name] = value
+    return urlencode([(k, kept[k]) for k in LIST_QUERY_KEYS if k in kept])
 
 
 def resolve(
@@ -247,6 +289,9 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, entry.server_uri)
     if m.kind is RouteKind.SUBMIT:
         return Route(m.kind, entry, "/jobs")
+    if m.kind is RouteKind.LIST:
+        forwarded = list_query(query) if query else ""
+        return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))
     job = m.job_id or ""
     if not _SAFE_SEGMENT.match(job):
         raise RouteError(404, f"job not found: {unquote(job)}")
@@ -255,4 +300,6 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         path += "/wait" + (f"?{query}" if query else "")
     elif m.kind is RouteKind.RESULT:
         path += "/result"
+    elif m.kind is RouteKind.EVENTS:
+        path += "/events"
     return Route(m.kind, entry, path, job)

@@ -50,6 +50,14 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   idle connections close at once, busy ones after their answer.
 * ``dispatch`` returns the body bytes, or a Deferred firing with them; an unexpected
   exception or failure is logged and answered 500 with an empty body.
+* A **streamed answer** (a job's event stream): the app calls ``request.write`` while
+  its Deferred is pending. The first call sends the head (``Transfer-Encoding:
+  chunked`` on HTTP/1.1; on HTTP/1.0 no framing, and the connection closes at the
+  end), every call one piece at once (nothing is held back); the Deferred's bytes
+  are the last piece, then the final chunk. If the Deferred fails after the head
+  (:class:`~.messages.StreamCut`: the source broke off) the connection closes
+  without the final chunk, so the client sees the answer cut. A client that goes
+  away cancels the Deferred, as for any answer.
 """
 
 from __future__ import annotations
@@ -69,11 +77,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mortred_twisted.gateway.messages import (
+    LAST_CHUNK,
     HeaderMap,
     ProxyRequest,
     Refusal,
+    StreamCut,
     check_head,
+    encode_chunk,
     encode_response,
+    encode_stream_head,
     error_response,
     origin_form,
 )
@@ -197,6 +209,7 @@ class GatewayConnection(Protocol):
         proto = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
         request = ProxyRequest(parser.get_method(), uri, proto, headers, parser.should_keep_alive())
         request.peer = self._peer_address
+        request.channel = self
         cl = headers._items.get(b"content-length")
         length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
         factory = self.factory
@@ -338,13 +351,34 @@ class GatewayConnection(Protocol):
         else:
             self._answer(outcome, request)
 
+    def write_body(self, request: ProxyRequest, data: bytes) -> None:
+        """The next piece of ``request``'s streamed answer, sent now (the head first)."""
+        if self._closed:
+            return
+        writer = self._writer
+        assert writer is not None
+        chunked = request.clientproto == b"HTTP/1.1"
+        if not request.started:
+            request.started = True
+            if not chunked:
+                request.keep_alive = False  # the close ends the body
+            writer.write(encode_stream_head(request, chunked))
+        if data and request.method != b"HEAD":
+            writer.write(encode_chunk(data) if chunked else data)
+        self.last_active = self.factory.clock.seconds()
+
     def _answer(self, body: bytes, request: ProxyRequest) -> None:
         self._pending = None
         if self._closed:
             return
         close = not request.keep_alive or self._draining
         assert self._writer is not None
-        self._writer.write(encode_response(request, body, close))
+        if request.started:  # the end of a streamed answer
+            self.write_body(request, body)
+            if request.clientproto == b"HTTP/1.1":
+                self._writer.write(LAST_CHUNK)
+        else:
+            self._writer.write(encode_response(request, body, close))
         if self.factory.access_log:
             self.factory.log_access(self._peer(), request, len(body))
         self._busy = False
@@ -357,6 +391,11 @@ class GatewayConnection(Protocol):
     def _failed(self, failure: Failure, request: ProxyRequest) -> None:
         self._pending = None
         if failure.check(defer.CancelledError) or self._closed:
+            return
+        if request.started:  # a streamed answer broke off: the client must see it cut
+            if not failure.check(StreamCut):
+                log.failure("unhandled error in {path}", failure, path=request.path)
+            self._close()
             return
         log.failure("unhandled error in {path}", failure, path=request.path)
         self._internal_error(request)
@@ -412,7 +451,9 @@ class GatewayConnection(Protocol):
         self._queue.clear()
         self.factory.forget(self)
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.called:
+        if pending is not None:
+            # Also when it already fired and waits on another Deferred (a stream's
+            # end): cancel() is forwarded to that one.
             pending.cancel()
 
 

@@ -9,8 +9,26 @@ Order for a public route: path shape (404 when nothing matches) → method (405 
 (404) → forward. The body-size limit (413) runs earlier, in the ``Site``'s request.
 Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies pass
 through unchanged, except job URLs: the submit's 202 ``Location`` and the
-``poll_url``/``result_url`` fields (of the 202 and of 200 poll/wait views, which
-repeat them) are rewritten to ``/v1/models/<id>/jobs/...``.
+``poll_url``/``result_url`` fields (of the 202, of 200 poll/wait views and cancel
+answers, which repeat them, of each job of a listing and of each event's ``data:``)
+are rewritten to ``/v1/models/<id>/jobs/...``.
+
+**Callers.** Every job request forwarded (submit, poll, wait, result, cancel, listing,
+events) names its caller to the model server: ``X-Mortred-Principal`` (the
+:class:`~mortred_twisted.gateway.access.Decision`'s ``caller``: ``key:<name>`` for an
+API key) and ``X-Mortred-Principal-Scope: all`` for callers that list every job.
+Request headers reach the model only from an allowlist, so a client's own
+``X-Mortred-Principal*`` headers never do. ``Idempotency-Key`` is forwarded on a
+submit (the model scopes keys per principal, so per API key), ``Last-Event-ID`` on
+an event stream; the model's ``Idempotent-Replayed`` comes back like any header.
+
+**Event streams** (``GET …/jobs/{job}/events``) are forwarded as streams on a
+dedicated upstream connection (:meth:`~mortred_twisted.gateway.pool.LeanUpstreamClient.
+stream`): each complete record is written to the client as soon as it arrives
+(``request.write``; chunked), the stream ends when the model's does, a client that
+goes away aborts the upstream connection (the model's stream ends with it), and an
+upstream that breaks off mid-stream cuts the client's answer
+(:class:`~mortred_twisted.gateway.messages.StreamCut`).
 
 :meth:`GatewayApp.dispatch` matches every path by hand and works on any request object
 with the ``IRequest`` subset it uses. The gateway serves it through its own lean
@@ -40,8 +58,10 @@ from twisted.web.server import NOT_DONE_YET
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
+from mortred_twisted.gateway.messages import StreamCut
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
+from mortred_twisted.gateway.pool import UpstreamStream
+from mortred_twisted.gateway.rewrite import EventRecords, public_job_path, rewrite_job_urls
 from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
@@ -61,8 +81,35 @@ JSON = b"application/json; charset=utf-8"
 #: A client's X-Request-ID is forwarded only if it is a short visible-ASCII token.
 _REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
 #: Request headers forwarded upstream (everything else is dropped; Authorization is
-#: replaced by the internal token).
+#: replaced by the internal token, the caller's X-Mortred-Principal* set here).
 _FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
+#: ... plus one header on some routes.
+_FORWARD_BY_KIND = {
+    RouteKind.SUBMIT: b"idempotency-key",
+    RouteKind.EVENTS: b"last-event-id",
+}
+#: Routes that name their caller to the model (every job route).
+_JOB_ROUTES = frozenset(
+    {
+        RouteKind.SUBMIT,
+        RouteKind.POLL,
+        RouteKind.WAIT,
+        RouteKind.RESULT,
+        RouteKind.CANCEL,
+        RouteKind.LIST,
+        RouteKind.EVENTS,
+    }
+)
+#: 2xx answers whose JSON body repeats job URLs.
+_REWRITTEN = {
+    RouteKind.POLL: (200,),
+    RouteKind.WAIT: (200,),
+    RouteKind.CANCEL: (200, 202),
+    RouteKind.LIST: (200,),
+}
+PRINCIPAL = b"x-mortred-principal"
+PRINCIPAL_SCOPE = b"x-mortred-principal-scope"
+_SCOPE_ALL = [b"all"]
 #: Response headers never copied back (hop-by-hop or recomputed here).
 _DROP_RESPONSE = {
     b"connection",
@@ -170,14 +217,14 @@ class GatewayApp:
             return b'{"status":"ok"}'
         if path == "/metrics":
             return self._metrics(request, method)
-        m = match(path, self.catalog)
-        if m is None:
+        shape = match(path, self.catalog)
+        if shape is None:
             return self._error(request, 404, f"not found: {path}", "unrouted")
-        label = m.kind.value
         try:
-            check_method(m, method)
+            m = check_method(shape, method)
         except RouteError as e:
-            return self._error(request, e.status, e.message, label, e.headers)
+            return self._error(request, e.status, e.message, shape.kind.value, e.headers)
+        label = m.kind.value
         decision = self.policy.decide(request.getHeader(b"authorization"), INFERENCE)
         if not decision.allowed:
             return self._denied(request, decision, label)
@@ -186,7 +233,15 @@ class GatewayApp:
             route = resolve(m, self.catalog, query, self.upstreams)
         except RouteError as e:
             return self._error(request, e.status, e.message, label, e.headers)
-        return self._forward(request, route, method, rid)
+        headers = self._forward_headers(request, route.kind, rid, decision)
+        data = None
+        content = request.content
+        if content is not None:
+            content.seek(0, 2)
+            length = content.tell()
+            if length:
+                data = self.upstream.body_for(content, length)
+        return self._forward(request, route, method, headers, data)
 
     def _metrics(self, request: Any, method: str) -> bytes:
         if method not in ("GET", "HEAD"):
@@ -198,39 +253,59 @@ class GatewayApp:
         self.metrics.hot.count("metrics", "200")
         return self.metrics.render()
 
-    def _forward(
-        self, request: Any, route: Route, method: str, rid: bytes
-    ) -> defer.Deferred[bytes]:
-        """Forward to the model; the Deferred fires with the body to send (status and
-        headers already set). Cancelling it cancels the upstream request."""
+    def _forward_headers(
+        self, request: Any, kind: RouteKind, rid: bytes, decision: Decision
+    ) -> dict[bytes, list[bytes]]:
+        """The request headers sent upstream: the allowlist, never the client's own
+        credentials or caller headers (see the module docstring)."""
         headers: dict[bytes, list[bytes]] = {}
         get = request.requestHeaders.getRawHeaders
         for name in _FORWARD_REQUEST:
             values = get(name)
             if values:
                 headers[name] = values
+        extra = _FORWARD_BY_KIND.get(kind)
+        if extra is not None:
+            values = get(extra)
+            if values:
+                headers[extra] = values[:1]
         headers[b"x-request-id"] = [rid]
         if self._auth_header is not None:
             headers[b"authorization"] = self._auth_header
             # Per-client limits on the model (believed there only with the token).
             headers[CLIENT_IP_HEADER] = [getattr(request.getClientAddress(), "host", "").encode()]
-        data = None
-        content = request.content
-        if content is not None:
-            content.seek(0, 2)
-            length = content.tell()
-            if length:
-                data = self.upstream.body_for(content, length)
+            if kind in _JOB_ROUTES:  # believed there only with the token, too
+                headers[PRINCIPAL] = [decision.caller]
+                if decision.all_jobs:
+                    headers[PRINCIPAL_SCOPE] = _SCOPE_ALL
+        return headers
+
+    def _forward(
+        self,
+        request: Any,
+        route: Route,
+        method: str,
+        headers: dict[bytes, list[bytes]],
+        data: bytes | None,
+    ) -> defer.Deferred[bytes]:
+        """Forward to the model; the Deferred fires with the body to send (status and
+        headers already set; a stream's pieces are written as they come). Cancelling
+        it cancels the upstream request."""
         started = self.clock.seconds()
         hot = self.metrics.hot
         hot.inflight += 1
         route.start()
-        d = self.upstream.request(method, route.url, headers, data)
+        if route.kind is RouteKind.EVENTS:
+            d: Any = self.upstream.stream(method, route.url, headers)
+            answer: Any = self._stream_head
+        else:
+            d = self.upstream.request(method, route.url, headers, data)
+            answer = self._answer
         d.addCallbacks(
-            self._answer,
+            answer,
             self._failed,
             callbackArgs=(request, route, started),
-            errbackArgs=(request, route, started),
+            errbackArgs=(request, route, started, headers, data),
         )
         return d
 
@@ -240,7 +315,15 @@ class GatewayApp:
         route.finish()
         hot.observe(route.kind.value, (self.clock.seconds() - started) * 1000.0)
 
-    def _failed(self, failure: Any, request: Any, route: Route, started: float) -> bytes:
+    def _failed(
+        self,
+        failure: Any,
+        request: Any,
+        route: Route,
+        started: float,
+        headers: dict[bytes, list[bytes]],
+        data: bytes | None,
+    ) -> bytes:
         self._settle(route, started)
         label = route.kind.value
         if failure.check(defer.CancelledError):
@@ -252,8 +335,7 @@ class GatewayApp:
             other = route.elsewhere()
             if other is not None:
                 method = request.method.decode("ascii", "replace")
-                rid = request.responseHeaders.getRawHeaders(b"x-request-id", [b""])[0]
-                return self._forward(request, other, method, rid)
+                return self._forward(request, other, method, headers, data)
         e = failure.value
         self.metrics.upstream_errors.labels(type(e).__name__).inc()
         log.warn(
@@ -269,8 +351,26 @@ class GatewayApp:
         self._settle(route, started)
         code = response.code
         request.setResponseCode(code)
-        out = request.responseHeaders
-        pairs = getattr(response.headers, "pairs", None)
+        self._copy_headers(response.headers, request.responseHeaders)
+        body = response.body
+        kind = route.kind
+        if kind is RouteKind.SUBMIT and code == 202:
+            location = response.headers.getRawHeaders(b"location")
+            if location:
+                new = public_job_path(location[0].decode("latin-1"), route.entry.id)
+                request.setHeader(b"Location", new.encode("latin-1"))
+            body = rewrite_job_urls(body, route.entry.id)
+        elif code in _REWRITTEN.get(kind, ()):
+            # The model repeats poll_url/result_url in job views: keep them public too.
+            body = rewrite_job_urls(body, route.entry.id)
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        self.metrics.hot.count(kind.value, str(code))
+        return body
+
+    @staticmethod
+    def _copy_headers(headers: Any, out: Any) -> None:
+        """The upstream's response headers, less hop-by-hop and recomputed ones."""
+        pairs = getattr(headers, "pairs", None)
         if pairs is not None:  # the lean client's RawHeaders: (name, value) as received
             seen: set[bytes] = set()
             for name, value in pairs:
@@ -283,23 +383,73 @@ class GatewayApp:
                     seen.add(low)
                     out.setRawHeaders(name, [value])
         else:
-            for name, values in response.headers.getAllRawHeaders():
+            for name, values in headers.getAllRawHeaders():
                 if name.lower() not in _DROP_RESPONSE:
                     out.setRawHeaders(name, values)
-        body = response.body
-        kind = route.kind
-        if kind is RouteKind.SUBMIT and code == 202:
-            location = response.headers.getRawHeaders(b"location")
-            if location:
-                new = public_job_path(location[0].decode("latin-1"), route.entry.id)
-                request.setHeader(b"Location", new.encode("latin-1"))
-            body = rewrite_job_urls(body, route.entry.id)
-        elif (kind is RouteKind.POLL or kind is RouteKind.WAIT) and code == 200:
-            # The model repeats poll_url/result_url in job views: keep them public too.
-            body = rewrite_job_urls(body, route.entry.id)
+
+    # -- event streams ----------------------------------------------------------------
+
+    def _stream_head(
+        self, stream: UpstreamStream, request: Any, route: Route, started: float
+    ) -> defer.Deferred[bytes]:
+        """The model answered an event stream's head: relay its records as they come
+        (another answer, an error, is read whole and passed on)."""
+        hot = self.metrics.hot
+        label = route.kind.value
+        hot.observe(label, (self.clock.seconds() - started) * 1000.0)
+        code = stream.code
+        request.setResponseCode(code)
+        self._copy_headers(stream.headers, request.responseHeaders)
+        hot.count(label, str(code))
+        ctype = (stream.headers.getRawHeaders(b"content-type") or [b""])[0]
+        d: defer.Deferred[bytes]
+        if code != 200 or not ctype.startswith(b"text/event-stream"):
+            d = stream.read_all()
+            d.addCallbacks(self._whole, self._unread, callbackArgs=(request,),
+                           errbackArgs=(request, route))  # fmt: skip
+        else:
+            request.setHeader(b"X-Accel-Buffering", b"no")
+            request.write(b"")  # the head now, before the first record
+            records = EventRecords(route.entry.id)
+            write = request.write
+
+            def relay(data: bytes) -> None:
+                out = records.feed(data)
+                if out:
+                    write(out)
+
+            stream.start(relay)
+            d = stream.done.addCallbacks(
+                lambda _: records.flush(), self._broke_off, errbackArgs=(route,)
+            )
+        d.addBoth(self._stream_closed, route)
+        return d
+
+    @staticmethod
+    def _whole(body: bytes, request: Any) -> bytes:
         request.setHeader(b"Content-Length", b"%d" % len(body))
-        self.metrics.hot.count(kind.value, str(code))
         return body
+
+    def _unread(self, failure: Any, request: Any, route: Route) -> bytes:
+        failure.trap(UpstreamError)
+        e = failure.value
+        self.metrics.upstream_errors.labels(type(e).__name__).inc()
+        return self._error(request, e.status, f"{route.entry.id}: {e.message}", route.kind.value)
+
+    def _broke_off(self, failure: Any, route: Route) -> bytes:
+        """The upstream stream ended without its end (the model went away, or went
+        silent): the client's answer is cut too (a client that left: passed on)."""
+        failure.trap(UpstreamError)
+        e = failure.value
+        self.metrics.upstream_errors.labels(type(e).__name__).inc()
+        log.warn("upstream {model} {path}: stream broke off: {message}",
+                 model=route.entry.id, path=route.upstream_path, message=e.message)  # fmt: skip
+        raise StreamCut(e.message)
+
+    def _stream_closed(self, result: Any, route: Route) -> Any:
+        self.metrics.hot.inflight -= 1
+        route.finish()
+        return result
 
 
 class GatewayResource(Resource):
@@ -325,5 +475,13 @@ class GatewayResource(Resource):
         outcome = self._app.dispatch(request)
         if not isinstance(outcome, defer.Deferred):
             return outcome
+        outcome.addErrback(_cut, request)
         respond_when_fired(request, outcome)
         return NOT_DONE_YET
+
+
+def _cut(failure: Any, request: Any) -> bytes:
+    """A streamed answer that broke off: close without finishing it (twisted.web)."""
+    failure.trap(StreamCut)
+    request.loseConnection()
+    raise defer.CancelledError()

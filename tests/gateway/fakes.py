@@ -4,6 +4,12 @@ Behaviour by path, mirroring the model server's contract (docs/contract.md):
 ``POST /jobs`` → 202 with model-port URLs; ``GET /jobs/job_known`` → 200;
 other job ids → 404; ``GET /jobs/<id>/wait`` → a Deferred the test controls;
 ``POST <server_uri>`` → 200 envelope. ``async_enabled=False`` makes ``/jobs`` 404.
+Beyond the seed: ``DELETE /jobs/job_known`` → 202 (running, cancel requested),
+``DELETE /jobs/job_pending`` → 200 cancelled, ``DELETE /jobs/job_done`` → 409;
+``GET /jobs`` → a one-job listing; a submit whose ``Idempotency-Key`` was seen
+before (per ``X-Mortred-Principal``) → the same 202 with ``Idempotent-Replayed: true``;
+``GET /jobs/job_known/events`` → a ``text/event-stream`` the test writes to
+(:attr:`FakeModel.streams`; cancelled ones land in :attr:`FakeModel.streams_closed`).
 Every request is recorded (method, path, headers, body).
 """
 
@@ -33,6 +39,10 @@ class FakeModel:
     waits: list[defer.Deferred[bytes]] = field(default_factory=list)
     submit_status: int = 202
     cancelled: list[str] = field(default_factory=list)
+    #: (request, Deferred) of each open event stream: write records, fire to end it
+    streams: list[tuple[Any, defer.Deferred[bytes]]] = field(default_factory=list)
+    streams_closed: list[str] = field(default_factory=list)
+    idempotency: set[tuple[str, str]] = field(default_factory=set)
 
     def resource(self) -> Any:
         app = Klein()
@@ -61,6 +71,12 @@ class FakeModel:
                 request.setHeader(b"Retry-After", b"1")
                 return js(request, 429, {"error": "async queue full (max 8)"})
             request.setHeader(b"Location", b"/jobs/job_abc")
+            key = request.getHeader(b"idempotency-key")
+            if key is not None:
+                scoped = ((request.getHeader(b"x-mortred-principal") or b"").decode(), key.decode())
+                if scoped in model.idempotency:
+                    request.setHeader(b"Idempotent-Replayed", b"true")
+                model.idempotency.add(scoped)
             return js(
                 request,
                 202,
@@ -78,6 +94,39 @@ class FakeModel:
             if job != "job_known":
                 return js(request, 404, {"error": f"job not found: {job}"})
             return js(request, 200, {"job_id": job, "state": "running", "elapsed_ms": 5})
+
+        def view(job: str, **extra: Any) -> dict[str, Any]:
+            return {"job_id": job, **extra, "poll_url": f"/jobs/{job}",
+                    "result_url": f"/jobs/{job}/result"}  # fmt: skip
+
+        @app.route("/jobs/<job>", methods=["DELETE"])
+        def cancel(request: Any, job: str) -> bytes:
+            record(request)
+            if job == "job_known":
+                return js(request, 202, view(job, state="running", cancel_requested=True))
+            if job == "job_pending":
+                return js(request, 200, view(job, state="cancelled"))
+            if job == "job_done":
+                return js(request, 409, {"error": "job already finished (state: done)"})
+            return js(request, 404, {"error": f"job not found: {job}"})
+
+        @app.route("/jobs", methods=["GET"])
+        def listing(request: Any) -> bytes:
+            record(request)
+            jobs = [view("job_b", state="running"), view("job_a", state="done")]
+            return js(request, 200, {"jobs": jobs, "next_cursor": None})
+
+        @app.route("/jobs/<job>/events", methods=["GET"])
+        def events(request: Any, job: str) -> Any:
+            record(request)
+            if job != "job_known":
+                return js(request, 404, {"error": f"job not found: {job}"})
+            request.setHeader(b"Content-Type", b"text/event-stream; charset=utf-8")
+            request.setHeader(b"Cache-Control", b"no-cache")
+            request.write(b"retry: 2000\n\n")
+            d: defer.Deferred[bytes] = defer.Deferred(lambda _: model.streams_closed.append(job))
+            model.streams.append((request, d))
+            return d
 
         @app.route("/jobs/<job>/wait", methods=["GET"])
         def wait(request: Any, job: str) -> defer.Deferred[bytes]:

@@ -11,6 +11,7 @@ from mortred_twisted.gateway.access import (
     AccessPolicy,
     InsecureStartup,
     check_startup,
+    key_caller,
 )
 from mortred_twisted.gateway.apikeys import ApiKey, KeyRing, hash_key, load_keys, parse_keys
 from mortred_twisted.http.ratelimit import RateLimiter
@@ -113,3 +114,17 @@ def test_load_missing_file_is_empty(tmp_path) -> None:  # type: ignore[no-untype
     f.write_text(f'[[keys]]\nname="ci"\nsha256="{hash_key("abc")}"\nscope="all"\n')
     ring = load_keys(f)
     assert ring.lookup("abc") is not None and ring.lookup("abd") is None
+
+
+def test_callers_are_named_per_key_and_never_collide() -> None:
+    """Each key is its own caller (key:<name>, header-safe); an `all` key and the
+    static token list every job; an open gateway is one caller that sees all."""
+    p = policy("static", [ApiKey("a b\n", hash_key("k1")), ApiKey("ops", hash_key("k2"), "all")])
+    one, ops, static = p.decide("Bearer k1"), p.decide("Bearer k2"), p.decide("Bearer static")
+    assert (one.caller, one.all_jobs) == (b"key:a%20b%0A", False)
+    assert (ops.caller, ops.all_jobs) == (b"key:ops", True)
+    assert (static.caller, static.all_jobs) == (b"gateway-token", True)
+    assert policy().decide(None).caller == b"anonymous"
+    assert key_caller("gateway-token") != b"gateway-token"
+    long = key_caller("x" * 300)
+    assert long.startswith(b"key:sha256:") and len(long) <= 128

@@ -95,15 +95,29 @@ class Harness:
     refused) or "reset" (connections lost before any answer)."""
 
     def __init__(
-        self, keys: list[ApiKey] | None = None, recv_timeout_s: float = 5.0, upstream: str = "ok"
+        self,
+        keys: list[ApiKey] | None = None,
+        recv_timeout_s: float = 5.0,
+        upstream: str = "ok",
+        replicas: int = 1,
     ) -> None:
         self.clock = MemoryReactorClock()
         self.model = FakeModel()
         self.sync = FakeModel(server_uri="/mortred/sync/infer", async_enabled=False)
+        #: (host, port) pairs that refuse connections whatever ``upstream`` says
+        self.refused: set[tuple[str, int]] = set()
         catalog = Catalog(
             [
                 CatalogEntry(
-                    "ASYNC", "fake", "127.0.0.1", 18100, "/mortred/fake/infer", True, 16, "a.toml"
+                    "ASYNC",
+                    "fake",
+                    "127.0.0.1",
+                    18100,
+                    "/mortred/fake/infer",
+                    True,
+                    16,
+                    "a.toml",
+                    replicas=replicas,
                 ),
                 CatalogEntry(
                     "SYNC", "fake", "127.0.0.2", 18101, "/mortred/sync/infer", False, 16, "s.toml"
@@ -114,6 +128,8 @@ class Harness:
             ("127.0.0.1", 18100): Site(self.model.resource(), reactor=self.clock, timeout=None),
             ("127.0.0.2", 18101): Site(self.sync.resource(), reactor=self.clock, timeout=None),
         }
+        for i in range(1, replicas):  # replicas share the model (a shared job store)
+            self.sites[("127.0.0.1", 18100 + i)] = self.sites[("127.0.0.1", 18100)]
         self.mode = upstream
         self._accepted = 0
         self.pumps: list[iosim.IOPump] = []
@@ -138,7 +154,7 @@ class Harness:
             while self._accepted < len(self.clock.tcpClients):
                 host, port, factory, _t, _b = self.clock.tcpClients[self._accepted]
                 self._accepted += 1
-                if self.mode == "refuse":
+                if self.mode == "refuse" or (host, port) in self.refused:
                     factory.clientConnectionFailed(None, Failure(ConnectionRefusedError()))
                     continue
                 client = factory.buildProtocol(None)
@@ -258,7 +274,7 @@ def test_routing_errors() -> None:
     r, b = h.call("POST", "/v1/models/NOPE/jobs", headers=AUTH, data=b"{}")
     assert r.code == 404 and "unknown model" in json.loads(b)["error"]
     r, _ = h.call("POST", "/v1/models/ASYNC/jobs/job_known", headers=AUTH)
-    assert r.code == 405 and r.headers.getRawHeaders("allow") == ["GET"]
+    assert r.code == 405 and r.headers.getRawHeaders("allow") == ["GET, DELETE"]
     r, _ = h.call("POST", "/jobs", headers=AUTH, data=b"{}")
     assert r.code == 404
     assert h.model.seen == []
@@ -387,6 +403,11 @@ ALIKE_CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/v1/models/ASYNC/jobs/x", {"headers": {"Authorization": "Bearer nope"}}),
     ("GET", "/jobs/x", {"headers": AUTH}),
     ("GET", "/metrics", {}),
+    ("DELETE", "/v1/models/ASYNC/jobs/job_known", {"headers": AUTH}),
+    ("DELETE", "/v1/models/ASYNC/jobs/job_done", {"headers": AUTH}),
+    ("GET", "/v1/models/ASYNC/jobs?state=running&limit=2", {"headers": AUTH}),
+    ("GET", "/v1/models/ASYNC/jobs/job_nope/events", {"headers": AUTH}),
+    ("DELETE", "/v1/models/ASYNC/jobs", {"headers": AUTH}),
 ]
 
 

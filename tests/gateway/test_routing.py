@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
-from mortred_twisted.gateway.routing import RouteError, RouteKind, check_method, match, resolve
+from mortred_twisted.gateway.routing import (
+    RouteError,
+    RouteKind,
+    check_method,
+    list_query,
+    match,
+    resolve,
+)
 
 
 def entry(id_: str, port: int, uri: str, async_enabled: bool = True) -> CatalogEntry:
@@ -70,12 +77,12 @@ def test_unknown_model_is_404() -> None:
 
 
 def test_wrong_method_is_405_with_allow() -> None:
-    """POST on a job URL (T13) is 405 with Allow: GET."""
+    """POST on a job URL (T13) is 405 with Allow: GET, DELETE (poll and cancel)."""
     m = match("/v1/models/DDPM/jobs/job_1", CATALOG)
     assert m is not None
     with pytest.raises(RouteError) as e:
         check_method(m, "POST")
-    assert e.value.status == 405 and e.value.headers == {"Allow": "GET"}
+    assert e.value.status == 405 and e.value.headers == {"Allow": "GET, DELETE"}
 
 
 @pytest.mark.parametrize("job", ["..", "a.b", "%2e%2e", "x%2Fy"])
@@ -93,3 +100,28 @@ def test_async_disabled_model_still_forwards_jobs() -> None:
     m = match("/v1/models/MOBILENETV2/jobs", CATALOG)
     assert m is not None
     assert resolve(m, CATALOG).url == "http://127.0.0.1:18121/jobs"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "kind", "upstream"),
+    [
+        ("DELETE", "/v1/models/DDPM/jobs/job_1", "", RouteKind.CANCEL, "/jobs/job_1"),
+        ("GET", "/v1/models/DDPM/jobs", "limit=2", RouteKind.LIST, "/jobs?limit=2"),
+        ("GET", "/v1/models/DDPM/jobs/job_1/events", "", RouteKind.EVENTS, "/jobs/job_1/events"),
+    ],
+)
+def test_job_api_routes(method: str, path: str, query: str, kind: RouteKind, upstream: str) -> None:
+    """Cancel, listing and events map to the model's DELETE /jobs/{job}, GET /jobs and
+    GET /jobs/{job}/events."""
+    m = match(path, CATALOG)
+    assert m is not None
+    route = resolve(check_method(m, method), CATALOG, query)
+    assert (route.kind, route.upstream_path) == (kind, upstream)
+
+
+def test_list_query_keeps_only_its_keys() -> None:
+    """The listing forwards state, limit and cursor (first of each), re-encoded."""
+    assert list_query("cursor=c%201&x=1&state=a,b&state=c&limit=3&limit=9") == (
+        "state=a%2Cb&limit=3&cursor=c+1"
+    )
+    assert list_query("x=%2F..&&=") == ""
