@@ -1,9 +1,12 @@
-"""mortredctl against a real control plane: status, jobs through both paths, restart."""
+"""mortredctl against a real control plane: status, jobs through both paths (submit,
+list, watch, cancel through the gateway), restart."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import pytest
 
 from mortred_twisted.cli.mortredctl import main
 
-from .plane import API_TOKEN, GW_TOKEN, ControlPlane, control_plane
+from .plane import API_TOKEN, GW_TOKEN, ControlPlane, call, control_plane, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +56,40 @@ def test_job_through_gateway_and_result(plane: ControlPlane, tmp_path: Path) -> 
     assert json.loads(final)["state"] == "done"
     code, text = ctl(plane, "jobs", "result", doc["result_url"])
     assert code == 0 and json.loads(text)["code"] == 0
+
+
+def model_streams(plane: ControlPlane) -> float:
+    """The model's ``mortred_job_event_streams`` gauge (its /metrics is public)."""
+    _, _, body, _ = call(plane.model_ports["FAKE_ASYNC"], "GET", "/metrics", timeout=5)
+    found = re.search(rb"^mortred_job_event_streams (\S+)$", body, re.M)
+    return float(found.group(1)) if found else -1.0
+
+
+def test_jobs_list_watch_and_cancel_through_the_gateway(plane: ControlPlane) -> None:
+    """jobs list shows a running job; jobs watch follows its live events through the
+    gateway until jobs cancel ends it, then prints the cancelled status and fails."""
+    code, text = ctl(plane, "jobs", "submit", "FAKE_ASYNC",
+                     "--params", '{"delay_ms": 60000, "steps": 120}')  # fmt: skip
+    assert code == 0
+    url = json.loads(text)["poll_url"]
+    job = url.rsplit("/", 1)[1]
+    wait_until(lambda: job in ctl(plane, "jobs", "list", "FAKE_ASYNC", "--state", "running")[1],
+               30, "listed as running")  # fmt: skip
+    code, text = ctl(plane, "--json", "jobs", "list", "FAKE_ASYNC", "--limit", "1")
+    assert code == 0 and json.loads(text)["jobs"][0]["poll_url"] == url
+    watched: list[tuple[int, str]] = []
+    watcher = threading.Thread(
+        target=lambda: watched.append(ctl(plane, "jobs", "watch", url, "-q"))
+    )
+    watcher.start()
+    wait_until(lambda: model_streams(plane) == 1, 30, "watch following the model's stream")
+    code, text = ctl(plane, "jobs", "cancel", job, "--model", "FAKE_ASYNC")
+    assert code == 0 and text == f"{job}: cancel requested (running)\n"
+    watcher.join(60)
+    ((code, text),) = watched
+    assert code != 0 and json.loads(text)["state"] == "cancelled"
+    code, text = ctl(plane, "jobs", "cancel", url)
+    assert code != 0  # already finished: 409
 
 
 def test_infer_via_supervisor_proxy(plane: ControlPlane) -> None:
