@@ -47,7 +47,8 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   Deferred, which cancels the upstream request.
 * Beyond ``max_connections`` open connections a new one is closed at once.
 * :meth:`GatewayServerFactory.drain` (SIGTERM) lets requests in progress finish:
-  idle connections close at once, busy ones after their answer.
+  idle connections close at once, busy ones after their answer; a streamed answer
+  in progress is ended at once (final chunk, then close).
 * ``dispatch`` returns the body bytes, or a Deferred firing with them; an unexpected
   exception or failure is logged and answered 500 with an empty body.
 * A **streamed answer** (a job's event stream): the app calls ``request.write`` while
@@ -150,6 +151,7 @@ class GatewayConnection(Protocol):
         #: when the message being parsed started its current phase (head or body)
         self._since = 0.0
         self._pending: defer.Deferred[bytes] | None = None
+        self._current: ProxyRequest | None = None  # the request dispatched last
         self._advancing = False
         self._backlog = 0
         self._paused = False
@@ -335,6 +337,7 @@ class GatewayConnection(Protocol):
 
     def _dispatch(self, request: ProxyRequest, body: bytes) -> None:
         self._busy = True
+        self._current = request
         if body:
             request.content = io.BytesIO(body)
         try:
@@ -423,13 +426,24 @@ class GatewayConnection(Protocol):
     def drain(self) -> None:
         """Stop keeping this connection alive (shutdown): closed now when it waits
         for a request, else after the answer to the request in progress or being
-        read (with ``Connection: close``)."""
+        read (with ``Connection: close``). A streamed answer in progress (an event
+        stream, which may last as long as its job) is ended now, complete: the
+        client reconnects elsewhere or later."""
         if self._closed:
             return
         if not self._busy and not self._queue and not self._in_message:
             self._close()
             return
         self._draining = True
+        request = self._current
+        if self._busy and request is not None and request.started:
+            pending, self._pending = self._pending, None
+            if request.clientproto == b"HTTP/1.1":
+                assert self._writer is not None
+                self._writer.write(LAST_CHUNK)
+            self._close()
+            if pending is not None:
+                pending.cancel()  # releases the upstream stream
 
     def expire(self, idle_before: float, read_before: float) -> None:
         """The factory's sweep: a head or a body begun before ``read_before`` and

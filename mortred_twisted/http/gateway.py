@@ -23,11 +23,11 @@ submit (the model scopes keys per principal, so per API key), ``Last-Event-ID`` 
 an event stream; the model's ``Idempotent-Replayed`` comes back like any header.
 
 **Event streams** (``GET …/jobs/{job}/events``) are forwarded as streams on a
-dedicated upstream connection (:meth:`~mortred_twisted.gateway.pool.LeanUpstreamClient.
-stream`): each complete record is written to the client as soon as it arrives
-(``request.write``; chunked), the stream ends when the model's does, a client that
-goes away aborts the upstream connection (the model's stream ends with it), and an
-upstream that breaks off mid-stream cuts the client's answer
+dedicated upstream connection (``LeanUpstreamClient.stream``) and relayed by
+:mod:`~mortred_twisted.gateway.events`: each complete record is written to the
+client as soon as it arrives (chunked), the stream ends when the model's does, a
+client that goes away aborts the upstream connection (the model's stream ends with
+it), and an upstream that breaks off mid-stream cuts the client's answer
 (:class:`~mortred_twisted.gateway.messages.StreamCut`).
 
 :meth:`GatewayApp.dispatch` matches every path by hand and works on any request object
@@ -58,10 +58,10 @@ from twisted.web.server import NOT_DONE_YET
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
+from mortred_twisted.gateway.events import is_event_stream, relay
 from mortred_twisted.gateway.messages import StreamCut
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.pool import UpstreamStream
-from mortred_twisted.gateway.rewrite import EventRecords, public_job_path, rewrite_job_urls
+from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
 from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
@@ -72,6 +72,7 @@ from mortred_twisted.gateway.routing import (
     resolve,
 )
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
+from mortred_twisted.gateway.upstream_stream import UpstreamStream
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.fastpath import respond_when_fired
 
@@ -393,7 +394,8 @@ class GatewayApp:
         self, stream: UpstreamStream, request: Any, route: Route, started: float
     ) -> defer.Deferred[bytes]:
         """The model answered an event stream's head: relay its records as they come
-        (another answer, an error, is read whole and passed on)."""
+        (another answer, an error, is read whole and passed on; see
+        :mod:`~mortred_twisted.gateway.events`)."""
         hot = self.metrics.hot
         label = route.kind.value
         hot.observe(label, (self.clock.seconds() - started) * 1000.0)
@@ -401,34 +403,13 @@ class GatewayApp:
         request.setResponseCode(code)
         self._copy_headers(stream.headers, request.responseHeaders)
         hot.count(label, str(code))
-        ctype = (stream.headers.getRawHeaders(b"content-type") or [b""])[0]
-        d: defer.Deferred[bytes]
-        if code != 200 or not ctype.startswith(b"text/event-stream"):
-            d = stream.read_all()
-            d.addCallbacks(self._whole, self._unread, callbackArgs=(request,),
-                           errbackArgs=(request, route))  # fmt: skip
+        d = relay(stream, request, route.entry.id)
+        if is_event_stream(stream):
+            d.addErrback(self._broke_off, route)
         else:
-            request.setHeader(b"X-Accel-Buffering", b"no")
-            request.write(b"")  # the head now, before the first record
-            records = EventRecords(route.entry.id)
-            write = request.write
-
-            def relay(data: bytes) -> None:
-                out = records.feed(data)
-                if out:
-                    write(out)
-
-            stream.start(relay)
-            d = stream.done.addCallbacks(
-                lambda _: records.flush(), self._broke_off, errbackArgs=(route,)
-            )
+            d.addErrback(self._unread, request, route)
         d.addBoth(self._stream_closed, route)
         return d
-
-    @staticmethod
-    def _whole(body: bytes, request: Any) -> bytes:
-        request.setHeader(b"Content-Length", b"%d" % len(body))
-        return body
 
     def _unread(self, failure: Any, request: Any, route: Route) -> bytes:
         failure.trap(UpstreamError)

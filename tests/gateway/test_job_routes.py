@@ -241,3 +241,17 @@ def test_http10_client_gets_the_stream_unframed_then_a_close() -> None:
     assert b"Connection: close" in raw and b"Transfer-Encoding" not in raw
     assert raw.endswith(b"retry: 2000\n\nevent: done\ndata: {}\n\n")
     assert client.transport.disconnecting
+
+
+def test_shutdown_ends_a_stream_in_progress_at_once() -> None:
+    """drain() (SIGTERM) does not wait for an event stream, which lasts as long as its
+    job: the client's answer ends complete, and the model's stream is released."""
+    h = Harness()
+    client, _ = open_stream(h)
+    h.server.drain()
+    h.flush()
+    _, parts, ended = chunks(client.transport.value())
+    assert parts == [b"retry: 2000\n\n"] and ended
+    assert client.transport.disconnecting
+    assert h.model.streams_closed == ["job_known"]
+    assert h.app.metrics.hot.inflight == 0
