@@ -15,6 +15,7 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
     mortred:{<id>}:leases        ZSET   running job -> lease deadline ms
     mortred:{<id>}:done          ZSET   terminal job -> last use (LRU; a use counter)
     mortred:{<id>}:uses          STRING the use counter (INCR per terminal/use)
+    mortred:{<id>}:sweep         HASH   where MAINTAIN's retention sweep resumes
     mortred:{<id>}:index         ZSET   every job -> admission sequence (listings)
     mortred:{<id>}:seq           STRING the admission sequence (INCR per job)
     mortred:{<id>}:idem:<p>:<k>  STRING "<job_id> <fingerprint>": the Idempotency-Key
@@ -276,8 +277,12 @@ return 0
 #: ARGV: owner, lease_ms, max_attempts (0: renew only), ttl_ms, max_completed, budget_ms (0 none),
 #: overdue error text, then the ids this replica runs.
 #: -> {renewed, requeued, failed (lost), timed out, forgotten, depth}
+#: Retention entries MAINTAIN checks per set and call (see its last loop).
+SWEEP_BATCH = 256
+
 MAINTAIN = (
     _PRELUDE
+    + f"local SWEEP_BATCH = {SWEEP_BATCH}\n"
     + """
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local max_attempts, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -324,13 +329,22 @@ if budget > 0 then
     end
   end
 end
+-- Forget entries whose hash expired (TTL), at most SWEEP_BATCH per set per call,
+-- resuming where the last call stopped, so a script never walks a huge set at once.
 for _, zset in ipairs({'done', 'index'}) do
-  for _, id in ipairs(redis.call('ZRANGE', P .. zset, 0, -1)) do
+  local at = tonumber(redis.call('HGET', P .. 'sweep', zset) or '0')
+  local batch = redis.call('ZRANGE', P .. zset, at, at + SWEEP_BATCH - 1)
+  local kept = 0
+  for _, id in ipairs(batch) do
     if redis.call('EXISTS', P .. 'job:' .. id) == 0 then
       redis.call('ZREM', P .. zset, id)
       if zset == 'done' then forgotten = forgotten + 1 end
+    else
+      kept = kept + 1
     end
   end
+  if #batch < SWEEP_BATCH then at = 0 else at = at + kept end
+  redis.call('HSET', P .. 'sweep', zset, at)
 end
 return {renewed, requeued, lost, overdue, forgotten, depth()}
 """

@@ -427,3 +427,28 @@ async def test_scripts_flushed_from_redis_are_loaded_again(
     redis.command("SCRIPT", "FLUSH")
     assert (await a.snapshot(job)).state is JobState.PENDING
     assert await a.submit(REQ)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_retention_sweep_works_in_batches(
+    redis: RedisServer, model_id: str, replicas: Callable[..., Any]
+) -> None:
+    """600 expired terminal jobs are forgotten by successive upkeep calls, a bounded
+    batch each (no script walks the whole set at once)."""
+    a = await replicas(max_queue=1000, job_ttl_ms=100, max_completed=10_000)
+    jobs = []
+    for _ in range(600):
+        jobs.append(await a.submit(REQ))
+        await a.terminate(jobs[-1], JobState.TIMEOUT, error="x")
+    prefix = f"mortred:{{{model_id}}}:"
+
+    async def expired() -> bool:
+        return redis.command("EXISTS", prefix + "job:" + jobs[-1]) == "0"
+
+    await eventually(expired, "the TTL to expire the last job")
+    sizes = []
+    while not sizes or sizes[-1] > 0:
+        await a.maintain()
+        sizes.append(int(redis.command("ZCARD", prefix + "done")))
+        assert len(sizes) <= 10, sizes
+    assert sizes == [344, 88, 0]  # 256 per call
