@@ -8,7 +8,9 @@ Two connections, each kept up by a ``ClientService`` (reconnect with backoff):
   bytes (``charset=None``) and never number-converted. While the connection is
   down a call fails at once with :class:`StoreUnavailable` — it is never queued
   to run later, so a refused submit leaves nothing behind. A reply that takes
-  longer than ``reply_timeout_s`` drops the connection (and the call fails).
+  longer than ``reply_timeout_s`` drops the connection (and the call fails): one
+  watchdog a second looks at the oldest unanswered command (replies come in order),
+  instead of a timer per command.
 - **events**: a ``SUBSCRIBE`` to the model's channel; each message is handed to
   ``on_event``. After every (re)subscription ``on_subscribed`` runs, so the owner
   can re-read whatever it waits for: an event published while the subscription
@@ -19,6 +21,7 @@ Nothing here ever blocks the reactor thread. Thread contract: reactor thread onl
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +30,7 @@ from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mortred_twisted.config.server import RedisAddress
@@ -92,7 +96,8 @@ class RedisLink:
         self._sub: Any = None
         endpoint = TCP4ClientEndpoint(reactor, address.host, address.port, timeout=5)
         policy = backoffPolicy(initialDelay=0.1, maxDelay=2.0, factor=2.0)
-        cmd_factory = _Factory(txredisapi.RedisProtocol, address, reply_timeout_s)
+        self._reply_timeout_s = reply_timeout_s
+        cmd_factory = _Factory(txredisapi.RedisProtocol, address, 0)
         self._commands = ClientService(
             endpoint, cmd_factory, retryPolicy=policy, prepareConnection=self._prepare,
             clock=reactor,
@@ -104,17 +109,22 @@ class RedisLink:
             clock=reactor,
         )  # fmt: skip
         self._ready: list[Deferred[None]] = []
+        self._watchdog = LoopingCall(self._check_replies)
+        self._watchdog.clock = reactor
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None
+        return self._conn is not None and bool(self._conn.connected)
 
     def start(self) -> None:
         self._commands.startService()
         self._events.startService()
+        self._watchdog.start(1.0, now=False)
 
     def stop(self) -> Deferred[Any]:
         self._conn = None
+        if self._watchdog.running:
+            self._watchdog.stop()
         return gatherResults(
             [self._commands.stopService(), self._events.stopService()], consumeErrors=True
         )
@@ -122,7 +132,7 @@ class RedisLink:
     def when_connected(self) -> Deferred[None]:
         """Fires once the command connection is up with its scripts loaded."""
         d: Deferred[None] = Deferred()
-        if self._conn is not None:
+        if self.connected:
             d.callback(None)
         else:
             self._ready.append(d)
@@ -138,6 +148,7 @@ class RedisLink:
         except txredisapi.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        proto.mortred_sent = deque()  # send times of unanswered commands, in order
         self._conn = proto
         log.info("job store connected to {url}", url=self.address.redacted())
         proto.whenDisconnected().addCallback(self._lost)
@@ -174,7 +185,20 @@ class RedisLink:
             d = conn.execute_command(*args)
         except txredisapi.ConnectionError as exc:
             return fail(StoreUnavailable(f"job store unavailable: {exc}"))
+        sent = conn.mortred_sent
+        sent.append(self._reactor.seconds())
+        d.addBoth(_answered, sent)
         return d.addErrback(_unavailable)
+
+    def _check_replies(self) -> None:
+        conn = self._conn
+        if conn is None or not conn.mortred_sent:
+            return
+        waited = self._reactor.seconds() - conn.mortred_sent[0]
+        if waited > self._reply_timeout_s:
+            log.warn("job store: no reply from {url} for {s:.1f} s; reconnecting",
+                     url=self.address.redacted(), s=waited)  # fmt: skip
+            conn.transport.abortConnection()
 
     def script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Deferred[Any]:
         """``EVALSHA`` of a script of :data:`SCRIPTS` (loaded at connect; loaded again
@@ -193,6 +217,12 @@ class RedisLink:
             return loaded.addCallback(again)
 
         return d.addErrback(reload)
+
+
+def _answered(result: Any, sent: deque[float]) -> Any:
+    if sent:
+        sent.popleft()
+    return result
 
 
 def _unavailable(failure: Any) -> Any:

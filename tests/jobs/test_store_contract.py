@@ -44,7 +44,13 @@ def redis() -> Iterator[RedisServer]:
 Factory = Callable[..., Any]
 
 
-def redis_store(url: str, model_id: str, counters: NamedCounters | None = None, **kw: Any):
+def redis_store(
+    url: str,
+    model_id: str,
+    counters: NamedCounters | None = None,
+    reply_timeout_s: float = 5.0,
+    **kw: Any,
+):
     address = parse_redis_url(url)
     options: dict[str, Any] = dict(
         max_queue=8, job_ttl_ms=300_000, max_completed=100, lease_ms=10_000,
@@ -53,7 +59,9 @@ def redis_store(url: str, model_id: str, counters: NamedCounters | None = None, 
     options.update(kw)
     return RedisJobStore(
         reactor=reactor,
-        link_factory=lambda r, **link_kw: RedisLink(r, address, **link_kw),
+        link_factory=lambda r, **link_kw: RedisLink(
+            r, address, reply_timeout_s=reply_timeout_s, **link_kw
+        ),
         model_id=model_id,
         counters=counters if counters is not None else NamedCounters(),
         encode=encode_request,
@@ -452,3 +460,29 @@ async def test_the_retention_sweep_works_in_batches(
         sizes.append(int(redis.command("ZCARD", prefix + "done")))
         assert len(sizes) <= 10, sizes
     assert sizes == [344, 88, 0]  # 256 per call
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hung_redis_fails_calls_instead_of_hanging(
+    redis: RedisServer, model_id: str
+) -> None:
+    """A Redis that stops answering (SIGSTOP) makes calls fail with StoreUnavailable
+    once the reply timeout passes; when it answers again, the store works again."""
+    import os
+    import signal
+
+    store = redis_store(redis.url, model_id, reply_timeout_s=0.5)
+    store.start()
+    try:
+        await store.link.when_connected()
+        assert redis.process is not None
+        os.kill(redis.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.submit(REQ)
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+        await store.link.when_connected()
+        assert await store.submit(REQ)
+    finally:
+        await store.stop()
