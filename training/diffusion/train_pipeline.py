@@ -304,7 +304,7 @@ def train_autoencoder(args: argparse.Namespace, device: torch.device, x: torch.T
             )
         if stop:
             record = training_record(args, "autoencoder", budget, done, curve)
-            record["kl_weight"] = args.kl_weight
+            record.update(kl_weight=args.kl_weight, lr=1e-3, ema_decay=None)
             return ae.eval(), record
 
 
@@ -360,6 +360,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def save_ldm(ema: nn.Module, record: dict[str, Any]) -> None:
         record["data"] = "scaled AutoencoderKL latent means of: " + DATA_DESCRIPTION
+        # One command replays both stages step for step.
+        record["replay"] += f" --ae-steps {ae_record['steps']} --ae-minutes 0"
+        ae_record["replay"] = record["replay"]
         extra = {"training": {"autoencoder": ae_record, "denoiser": record}}
         save_pipeline(out, {"vqvae": ae, "unet": ema, "scheduler": scheduler}, extra)
 
