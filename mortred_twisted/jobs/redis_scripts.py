@@ -173,7 +173,8 @@ return {1, d + 1, id}
 """
 )
 
-#: ARGV: owner, lease_ms -> false, or {job_id, request, age_ms, attempt}
+#: ARGV: owner, lease_ms, ttl_ms, max_completed -> false, or {job_id, request, age_ms,
+#: attempt}; a queued job that was asked to stop (its replica was lost) ends cancelled
 CLAIM = (
     _PRELUDE
     + """
@@ -186,8 +187,12 @@ for _ = 1, 64 do
   redis.call('XDEL', P .. 'queue', entry[1])
   local id = entry[2][2]
   local key = P .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt')
-  if f[1] == 'pending' then
+  local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt', 'cancel')
+  if f[1] == 'pending' and f[5] then
+    -- asked to stop while it ran on a replica that was then lost: it ends here
+    terminate(id, 'cancelled', false, 'cancelled by request', now_ms(),
+              tonumber(ARGV[3]), tonumber(ARGV[4]))
+  elseif f[1] == 'pending' then
     local now = now_ms()
     redis.call('HSET', key, 'state', 'running', 'owner', ARGV[1], 'started', now)
     redis.call('ZREM', P .. 'pending', id)

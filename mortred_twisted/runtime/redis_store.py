@@ -249,7 +249,9 @@ class RedisJobStore:
         raise NotImplementedError("the Redis store is pull-only: use claim_next")
 
     def claim_next(self) -> Deferred[Claim | None]:
-        return self._script("claim", self.owner, self._lease_ms).addCallback(self._claimed)
+        return self._script(
+            "claim", self.owner, self._lease_ms, self._ttl_ms, self._max_completed
+        ).addCallback(self._claimed)
 
     def _claimed(self, reply: Any) -> Claim | None:
         if not reply:

@@ -121,6 +121,7 @@ class JobRunner:
             return True
         series = self._inflight.get(job_id)
         if series is not None:
+            self._cancelling.add(job_id)
             series.cancel()
             return True
         return False
@@ -166,6 +167,9 @@ class JobRunner:
             await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
             return
         except CancelledError:
+            if job_id in self._cancelling:  # the store has ended it cancelled already
+                self._cancelling.discard(job_id)
+                return
             await settle(self._end(job_id, JobState.FAILED, SHUTDOWN_ERROR))
             return
         wait_ms = (self._clock.seconds() - started) * 1000.0
@@ -224,7 +228,13 @@ class JobRunner:
             await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
             return
         except CancelledError:
-            await settle(self._store.hand_back(job_id))
+            if job_id in self._cancelling:
+                # Claimed (running in the store) but still waiting for a worker here:
+                # a cancel ends it now; handing it back would let it run elsewhere.
+                self._cancelling.discard(job_id)
+                await settle(self._end(job_id, JobState.CANCELLED, "cancelled by request"))
+            else:
+                await settle(self._store.hand_back(job_id))
             return
         finally:
             self._starting -= 1

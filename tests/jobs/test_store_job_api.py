@@ -163,3 +163,28 @@ async def test_a_cancel_on_one_replica_reaches_the_replica_running_the_job(
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flagged_job_handed_back_ends_cancelled_instead_of_running_again(
+    store_url: str | None,
+) -> None:
+    """Shared store: a running job asked to stop, then handed back (its replica stopped),
+    is not run again by the next claim: it ends cancelled."""
+    if store_url is None:
+        pytest.skip("shared store only: the memory store has one process")
+    store = redis_store(store_url, "H" + uuid.uuid4().hex[:8])
+    store.start()
+    await store.link.when_connected()
+    try:
+        job = (await settle(store.admit(REQ, "r"))).job_id
+        assert (await settle(store.claim_next())).job_id == job
+        assert (await settle(store.cancel(job)))[0] is CancelOutcome.REQUESTED
+        assert await settle(store.hand_back(job))
+        assert await settle(store.claim_next()) is None
+        snap = await settle(store.snapshot(job))
+        assert snap.state is JobState.CANCELLED
+        assert (await settle(store.admit(REQ, "r"))).job_id is not None
+        assert store.queue_depth == 1  # the cancelled job's unit of depth came back
+    finally:
+        await store.stop()
