@@ -3,8 +3,8 @@
 One supervisor runs the gateway, an async model and a sync-only model (the T12
 negative control), all on free loopback ports. The plane is shared by the module,
 but every test stands alone: it submits the jobs it needs through the ``jobs``
-fixture, which at teardown waits until each of them has ended, so the next test
-starts on an idle model whatever ran before it (any test passes when run alone).
+fixture, which at teardown cancels them and waits until each has ended, so the next
+test starts on an idle model whatever ran before it (any test passes when run alone).
 The SIGTERM test starts a plane of its own.
 
 Timing checks are relative to the model's own run time (``run_time``: the fake's
@@ -56,7 +56,7 @@ PARAMS = json.loads(os.environ.get("MORTRED_E2E_PARAMS", '{"delay_ms": 2500}'))
 IMG = _png_base64()
 BODY = {"images": [IMG], "req_id": "jobs-test-1", "params": PARAMS}
 JOBS = f"/v1/models/{MODEL}/jobs"
-TERMINAL = ("done", "failed", "timeout")
+TERMINAL = ("done", "failed", "timeout", "cancelled")
 #: The wait budget of the "wait until terminal" cases, in ms (the guide's example).
 LONG_WAIT_MS = 120_000
 #: More submits than any catalog model's ``async_max_queue`` (8 for async models).
@@ -103,14 +103,19 @@ class Jobs:
         return [self.submit() for _ in range(OVERFILL)]
 
     def drain(self) -> None:
-        """Wait until every job submitted here is terminal (or gone with a restart)."""
+        """End every job submitted here: cancel it (supervisor API, 200/202, or 409 when
+        already finished, 404 when a restart dropped it), then wait until it is
+        terminal or gone, so the model is idle again."""
+        for job_id in self.ids:
+            code, _, body, _ = self.plane.api("DELETE", f"/api/v1/jobs/{MODEL}/{job_id}")
+            assert code in (200, 202, 404, 409), body
         for job_id in self.ids:
 
             def ended(job_id: str = job_id) -> bool:
                 code, doc, _ = self.wait(job_id)
                 return code == 404 or doc.get("state") in TERMINAL
 
-            wait_until(ended, 600, f"job {job_id} to end", interval=0)
+            wait_until(ended, 120, f"job {job_id} to end")
 
 
 @pytest.fixture(scope="module")
