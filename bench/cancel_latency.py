@@ -45,7 +45,10 @@ CONFIGS = {
     "DDIM": ("conf/server/diffusion/ddim.toml", {"sample_steps": 1000}),
     "CLS_COND_DDIM": ("conf/server/diffusion/cls_cond_ddim.toml", {"sample_steps": 1000}),
     "LDM": ("conf/server/diffusion/ldm.toml", {"sample_steps": 1000}),
-    "SAM_AMG": ("conf/server/segment_anything/sam_amg.toml", {"points_per_side": 32}),
+    "SAM_AMG": (
+        "conf/server/segment_anything/sam_amg.toml",
+        {"points_per_side": 64, "points_per_batch": 64},
+    ),
     "FAKE": ("conf/server/fake/fake_async.toml", {"delay_ms": 60_000, "steps": 600}),
 }
 
