@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from twisted.internet.error import ConnectionLost
+from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
 from mortred_twisted.gateway.apikeys import ApiKey, hash_key
@@ -254,4 +255,40 @@ def test_shutdown_ends_a_stream_in_progress_at_once() -> None:
     assert parts == [b"retry: 2000\n\n"] and ended
     assert client.transport.disconnecting
     assert h.model.streams_closed == ["job_known"]
+    assert h.app.metrics.hot.inflight == 0
+
+
+def test_a_silent_upstream_stream_is_cut_after_the_idle_limit() -> None:
+    """An upstream stream that sends nothing (not even the model's 15 s pings) for
+    max(recv timeout, 60 s) is given up: the upstream connection is aborted and the
+    client's answer cut; a byte before the limit restarts it."""
+    h = Harness(recv_timeout_s=5.0)
+    client, upstream = open_stream(h)
+    h.clock.advance(59)
+    upstream.write(b": ping\n\n")  # type: ignore[attr-defined]
+    h.flush()
+    h.clock.advance(59)
+    h.flush()
+    assert not client.transport.disconnecting
+    h.clock.advance(1)
+    h.flush()
+    _, parts, ended = chunks(client.transport.value())
+    assert parts == [b"retry: 2000\n\n", b": ping\n\n"] and not ended
+    assert client.transport.disconnecting
+    assert h.model.streams_closed == ["job_known"]
+    assert h.app.metrics.hot.inflight == 0
+
+
+def test_a_stream_whose_head_never_comes_is_504() -> None:
+    """The model accepts the events request but sends no head within the receive
+    timeout: 504, like any other route."""
+    h = Harness(recv_timeout_s=2.0)
+    h.sites[("127.0.0.1", 18100)] = Factory.forProtocol(Protocol)  # reads, never answers
+    client = Client(h)
+    client.send("GET", f"{JOB}/job_known/events", AUTH)
+    assert client.answer() is None
+    h.clock.advance(2.0)
+    h.flush()
+    answer = client.answer()
+    assert answer is not None and answer[0].code == 504
     assert h.app.metrics.hot.inflight == 0
