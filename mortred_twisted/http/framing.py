@@ -19,16 +19,17 @@ more than one ``Content-Length`` line                     400
 ``chunked`` not the final coding, or given twice          400
 another coding before a final ``chunked``                 501
 obs-fold (a header line starting with SP/HTAB)            400
-a control byte (not HTAB) in a header value               400
+a control byte (not HTAB) in a header line                400
 a head over ``totalHeadersSize`` bytes/``maxHeaders``     431
 a request line over ``MAX_LENGTH`` bytes                  414
 an ``Expect`` other than ``100-continue``                 417
 a declared body over the site's ``body_limit``            413*
-head and body not in ``read_timeout_s`` after 1st byte    408
+head and body not in ``read_timeout_s`` after 1st byte    408**
 ========================================================  ======
 
 (*) the 413 answer itself comes from the site's ``early_reject`` policy, so the
-documented pre-check order holds. Every refusal is written at once with
+documented pre-check order holds. (**) decided by the site's sweep
+(:meth:`FramingChannel.expire`), not by a timer per request. Every refusal is written at once with
 ``Connection: close``; the channel then closes and reads nothing more, so bytes
 after a refused request are never taken as a request. Header values we write are
 made safe by :func:`header_value`. Thread contract: reactor thread only.
@@ -109,10 +110,9 @@ class FramingChannel(HTTPChannel):
 
     Its site (``self.site``, set by ``Site.buildProtocol``) may provide
     ``body_limit`` (int bytes or None), ``early_reject(method, target, headers,
-    length) -> EarlyResponse``,
-    ``request_id() -> str`` (for refusals of requests without an ``X-Request-ID``
-    of their own), and ``channel_opened(channel)`` /
-    ``channel_closed(channel)``; a plain ``Site`` works too (rules only).
+    length) -> EarlyResponse``, ``request_id() -> str`` (for refusals of requests
+    without an ``X-Request-ID`` of their own) and ``channel_opened(channel)`` /
+    ``channel_closed(channel)``; a plain ``Site`` works too (rules, no deadlines).
     """
 
     #: Header fields per request (twisted.web allows 500); the gateway's limit too.
