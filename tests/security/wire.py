@@ -18,9 +18,10 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def parse_answers(data: bytes) -> list[Answer]:
+def parse_answers(data: bytes, first_is_head: bool = False) -> list[Answer]:
     """Every response in ``data`` (interim 1xx answers skipped): framed by
-    ``Content-Length``, or by the end of the data when it has none."""
+    ``Content-Length``, or by the end of the data when it has none; the first has
+    no body at all when it answers a ``HEAD`` (``first_is_head``)."""
     answers: list[Answer] = []
     while data:
         head, sep, rest = data.partition(b"\r\n\r\n")
@@ -40,6 +41,8 @@ def parse_answers(data: bytes) -> list[Answer]:
             continue
         m = _LENGTH.search(head)
         length = int(m.group(1)) if m else len(rest)
+        if first_is_head and not answers:
+            length = 0
         answers.append(Answer(status, head, rest[:length], headers))
         data = rest[length:]
     return answers
