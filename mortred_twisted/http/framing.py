@@ -294,13 +294,14 @@ class FramingChannel(HTTPChannel):
     def expire(self, reading: float | None, idle: float | None) -> None:
         """The site's sweep: a request whose first byte came before ``reading`` and that
         is still being read (head or body) is answered 408 and the connection closes;
-        a connection silent since before ``idle`` between requests is closed. A
+        a connection whose client has sent nothing since before ``idle`` (between
+        requests, or mid-request) is timed out as twisted.web would (closed, and
+        aborted ``abortTimeout`` seconds later if an answer is still unread). A
         request being answered (a long ``/wait``) is never timed out here."""
         if self.mortred_busy or self.refused:
             return
         since = self.reading_since
-        if since is not None:
-            if reading is not None and since < reading:
-                self.refuse(408, "request not received in time")
+        if since is not None and reading is not None and since < reading:
+            self.refuse(408, "request not received in time")
         elif idle is not None and self.last_active < idle:
-            self.loseConnection()
+            self.timeoutConnection()

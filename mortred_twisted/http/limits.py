@@ -41,10 +41,11 @@ class LimitedSite(Site):
 
     Deadlines without a timer per request: ``read_timeout_s`` (0 = none) bounds the
     time from a request's first byte until its head and body are in (408), and a
-    connection silent for ``idle_timeout_s`` between requests is closed (twisted.web's
-    own idle timer, 12 hours by default, is off: it re-armed a reactor timer twice per
-    request). One sweep every ``read_timeout_s / 4`` (at most 1 s) checks every
-    connection, so a deadline is met within a quarter of it."""
+    connection whose client sent nothing for ``idle_timeout_s`` (0 = none), between
+    requests or mid-request, is closed (twisted.web's own idle timer, 12 hours by
+    default, is off: it re-armed a reactor timer twice per request). One sweep every
+    quarter of the shorter deadline (at most 1 s) checks every connection, so a
+    deadline is met within a quarter of it."""
 
     protocol = FramingChannel
 

@@ -104,13 +104,14 @@ class ModelServerService(Service):
             on_finished=self.app.record_request,
             max_connections=cfg.max_connections,
             read_timeout_s=cfg.request_read_timeout / 1000.0,
+            # peer_resp_timeout (s; 0 = none), as Workflow's peer_response_timeout
+            # bounds each read/write towards the client: a connection waiting on its
+            # client (idle between requests, or silent mid-request) that long is
+            # closed; never while a request is being handled (a long wait or run).
+            # The site's sweep applies it (not twisted.web's per-request timer).
+            idle_timeout_s=float(cfg.peer_resp_timeout),
             reactor=self._reactor,
         )
-        # peer_resp_timeout (s; 0 = none) is twisted.web's channel timeout, as Workflow's
-        # peer_response_timeout bounds each read/write towards the client: a connection
-        # waiting on its client (idle between requests, or mid-request) that long is
-        # closed; it is off while a request is being handled (a long wait or run).
-        site.timeOut = cfg.peer_resp_timeout or None
         self._site = site
         host = cfg.host.replace(":", "\\:")
         endpoint = serverFromString(self._reactor, f"tcp:{cfg.port}:interface={host}:backlog=128")

@@ -133,3 +133,21 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout() -> None:
     assert idle_transport.disconnecting and idle_transport.value() == b""
     assert not busy_transport.disconnecting
     site.stopFactory()
+
+
+def test_a_client_silent_mid_request_is_timed_out() -> None:
+    """A client that stops sending in the middle of a request for idle_timeout_s (here
+    shorter than the read deadline) is disconnected without an answer."""
+    clock = Clock()
+    site = LimitedSite(
+        Recorder(), 10, lambda *a: EarlyResponse(413, b""), read_timeout_s=60,
+        idle_timeout_s=2, reactor=clock,
+    )  # fmt: skip
+    site.startFactory()
+    proto, transport = connect(site)
+    proto.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nab")
+    clock.advance(1)
+    assert not transport.disconnecting
+    clock.advance(2)
+    assert transport.disconnecting and transport.value() == b""
+    site.stopFactory()
