@@ -70,7 +70,7 @@ bench-gateway: install
 	$(PY) bench/gateway_overhead.py --duration 3 --gateway-cpus 0
 
 bench-diffusion: install
-	$(PY) bench/diffusion_speed.py --threads 1,2 --batch 8
+	$(PY) bench/diffusion_speed.py --runs default,dpmsolver++:20 --threads 1 --batch 8
 
 bench-perception: install
 	$(PY) bench/perception_speed.py --repeats 40
@@ -79,14 +79,14 @@ bench-perception: install
 # the quality evaluations reported in docs/models/*.md.
 train-diffusion: install
 	$(PY) -m training.diffusion.train_judge
-	$(PY) -m training.diffusion.train_ddpm --steps 3500 --max-minutes 19
-	$(PY) -m training.diffusion.train_cls_cond --steps 3500 --max-minutes 19
-	$(PY) -m training.diffusion.train_ldm --ae-steps 1000 --steps 3500 --max-minutes 15
+	$(PY) -m training.diffusion.train_pipeline --model ddpm --seed 0 --batch 64 --lr 0.002 --steps 2596 --stop-after 2596 --max-minutes 0
+	$(PY) -m training.diffusion.train_pipeline --model cls_cond_ddim --seed 0 --batch 64 --lr 0.002 --steps 1912 --stop-after 1912 --max-minutes 0
+	$(PY) -m training.diffusion.train_pipeline --model ldm --seed 0 --batch 64 --lr 0.002 --steps 4870 --stop-after 4870 --max-minutes 0 --ae-steps 410 --ae-minutes 0
 
 eval-diffusion: install
-	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM --samples 200
-	$(PY) -m training.diffusion.evaluate --models CLS_COND_DDIM --samples 200
-	$(PY) -m training.diffusion.evaluate --models LDM --samples 200
+	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM,CLS_COND_DDIM,LDM --samples 200
+	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM,CLS_COND_DDIM,LDM --samples 200 \
+	  --scheduler dpmsolver++ --steps 20
 
 train-perception: install
 	$(PY) -m training.perception.train_mobilenetv2

@@ -1,17 +1,20 @@
-"""Speed of the diffusion models at their default schedules (one command).
+"""Speed of the diffusion models per scheduler, and diffusers' import/load time.
 
     .venv/bin/python bench/diffusion_speed.py [--models DDPM,DDIM,CLS_COND_DDIM,LDM]
-        [--threads 1,2] [--batch 8] [--steps N] [--json out.json]
+        [--runs default,dpmsolver++:20] [--threads 1] [--batch 8] [--json out.json]
 
-For each model and ``torch.set_num_threads`` value it measures, through
-:meth:`Model.run` exactly as the server calls it (PNG encoding included):
+First, in this fresh process: the seconds ``import diffusers`` takes and, per model,
+the seconds ``create_model`` takes (reading and verifying the pipeline directory,
+loading its components; the first model pays for importing the diffusers model
+classes). Then for each ``torch.set_num_threads`` value, model and run
+(``default`` = the model's configured scheduler and steps, ``NAME:STEPS`` = that
+scheduler at that many steps) it measures, through :meth:`Model.run` exactly as the
+server calls it (PNG encoding included), after one short warm-up run:
 
-* ``single``: one image at the default schedule -> seconds per sample and steps/s;
-* ``loop``: ``--batch`` such runs one after the other -> seconds per image;
+* ``single``: one image -> seconds per image and steps/s;
 * ``batched``: one run with ``num_images = --batch`` -> seconds per image.
 
-``--steps`` overrides the step count (for a quick look); the published table uses the
-defaults. Models are built from ``conf/model/diffusion/<name>.toml`` on the CPU.
+Models are built from ``conf/model/diffusion/<name>.toml`` on the CPU.
 """
 
 from __future__ import annotations
@@ -33,68 +36,89 @@ from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E4
 from mortred_twisted.models.registry import create_model  # noqa: E402
 
 CONFIGS = {
-    "DDPM": ("conf/model/diffusion/ddpm.toml", "timesteps"),
-    "DDIM": ("conf/model/diffusion/ddim.toml", "sample_steps"),
-    "CLS_COND_DDIM": ("conf/model/diffusion/cls_cond_ddim.toml", "sample_steps"),
-    "LDM": ("conf/model/diffusion/ldm.toml", "sample_steps"),
+    "DDPM": "conf/model/diffusion/ddpm.toml",
+    "DDIM": "conf/model/diffusion/ddim.toml",
+    "CLS_COND_DDIM": "conf/model/diffusion/cls_cond_ddim.toml",
+    "LDM": "conf/model/diffusion/ldm.toml",
 }
 
 
-def timed_run(model: Any, params: dict[str, Any]) -> tuple[float, int]:
+def timed_run(model: Any, params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     request = model.validate(InferenceRequest(req_id="bench", params=params))
     start = time.perf_counter()
     data = model.run(request, RunContext())
-    return time.perf_counter() - start, int(data["steps"])
+    return time.perf_counter() - start, data
 
 
-def bench_model(name: str, batch: int, steps: int | None) -> dict[str, Any]:
-    path, step_key = CONFIGS[name]
-    options = {**tomllib.loads((ROOT / path).read_text()), "device": "cpu"}
-    model = create_model(name, options, ROOT)
+def load_models(names: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Build each model (timed); the first timing includes ``import diffusers``."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    import diffusers  # noqa: F401
+
+    seconds["import diffusers"] = round(time.perf_counter() - start, 2)
+    models = {}
+    for name in names:
+        options = {**tomllib.loads((ROOT / CONFIGS[name]).read_text()), "device": "cpu"}
+        start = time.perf_counter()
+        models[name] = create_model(name, options, ROOT)
+        seconds[f"load {name}"] = round(time.perf_counter() - start, 2)
+    return models, seconds
+
+
+def bench_run(model: Any, run: str, batch: int) -> dict[str, Any]:
     base: dict[str, Any] = {"seed": 0}
-    if steps is not None:
-        base[step_key] = steps
-    timed_run(model, {**base, step_key: 2})  # warm-up (allocator, kernels)
-    single, n_steps = timed_run(model, base)
-    loop = sum(timed_run(model, {**base, "seed": i})[0] for i in range(batch))
+    if run != "default":
+        scheduler, steps = run.split(":")
+        base.update(scheduler=scheduler, sample_steps=int(steps))
+    timed_run(model, {**base, "sample_steps": 2})  # warm-up (allocator, kernels)
+    single, data = timed_run(model, base)
     batched, _ = timed_run(model, {**base, "num_images": batch})
     return {
-        "steps": n_steps,
-        "s_per_sample": round(single, 3),
-        "steps_per_s": round(n_steps / single, 1),
-        "loop_s_per_image": round(loop / batch, 3),
-        "batched_s_per_image": round(batched / batch, 3),
-        "batched_speedup": round(loop / batched, 2),
+        "scheduler": data["scheduler"],
+        "steps": data["steps"],
+        "s_per_image": round(single, 3),
+        "steps_per_s": round(data["steps"] / single, 1),
+        "batched_s_per_image": round(batched / batch, 4),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(CONFIGS))
-    parser.add_argument("--threads", default="1,2", help="comma list of set_num_threads")
+    parser.add_argument("--runs", default="default,dpmsolver++:20")
+    parser.add_argument("--threads", default="1", help="comma list of set_num_threads")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rows = []
+    torch.set_num_threads(1)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    models, load_seconds = load_models(names)
+    print("load times (s):", json.dumps(load_seconds), flush=True)
+    rows: list[dict[str, Any]] = []
     print(
-        "| model | threads | steps | s/sample | steps/s | loop s/image | "
-        f"batched ({args.batch}) s/image | batch speed-up |"
+        "| model | threads | scheduler | steps | s/image | steps/s | "
+        f"batched ({args.batch}) s/image |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        for name in args.models.split(","):
-            row = {"model": name, "threads": threads, **bench_model(name, args.batch, args.steps)}
-            rows.append(row)
-            print(
-                f"| {name} | {threads} | {row['steps']} | {row['s_per_sample']} | "
-                f"{row['steps_per_s']} | {row['loop_s_per_image']} | "
-                f"{row['batched_s_per_image']} | {row['batched_speedup']}x |",
-                flush=True,
-            )
+        for name in names:
+            for run in args.runs.split(","):
+                row = {
+                    "model": name,
+                    "threads": threads,
+                    **bench_run(models[name], run, args.batch),
+                }
+                rows.append(row)
+                print(
+                    f"| {name} | {threads} | {row['scheduler']} | {row['steps']} | "
+                    f"{row['s_per_image']} | {row['steps_per_s']} | "
+                    f"{row['batched_s_per_image']} |",
+                    flush=True,
+                )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        args.json.write_text(json.dumps({"load_seconds": load_seconds, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from mortred_twisted.models.diffusion.pipeline import (
     load_pipeline,
     resolve_device,
 )
-from mortred_twisted.models.diffusion.sampling import (
+from mortred_twisted.models.diffusion.service import (
     DiffusionModel,
     SamplingPlan,
     resolve_seed,

@@ -53,9 +53,9 @@ def tiny_root(tiny_pipelines: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def build(tiny_pipelines: Path) -> Callable[..., Any]:
     """``build(type, **overrides)`` -> a model over the (shared, intact) tiny pipelines."""
-    from mortred_twisted.models.diffusion.factory import create_family
+    from mortred_twisted.models.registry import create_model
 
     def _build(model_type: str, **overrides: Any) -> Any:
-        return create_family(model_type, {**OPTIONS[model_type], **overrides}, tiny_pipelines)
+        return create_model(model_type, {**OPTIONS[model_type], **overrides}, tiny_pipelines)
 
     return _build

@@ -13,14 +13,14 @@ import torch
 
 from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunContext
 from mortred_twisted.models.diffusion import manifest as manifest_mod
-from mortred_twisted.models.diffusion.factory import create_family
+from mortred_twisted.models.registry import create_model
 from tests.models.diffusion.conftest import OPTIONS
 
 WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
 
 
 def load(root: Path, family: str = "DDPM", **overrides: Any) -> Any:
-    return create_family(family, {**OPTIONS[family], **overrides}, root)
+    return create_model(family, {**OPTIONS[family], **overrides}, root)
 
 
 def refused(root: Path, family: str = "DDPM", **overrides: Any) -> str:

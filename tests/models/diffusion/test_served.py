@@ -16,7 +16,9 @@ IMG = base64.b64encode(b"ignored by generative models").decode()
 
 @pytest.fixture(scope="module")
 def server():
-    with model_server(CONF) as srv:
+    with model_server(CONF, wait_ready=False) as srv:
+        # Importing diffusers takes seconds, and much longer on a loaded machine.
+        assert "NOT READY" not in srv.wait_ready(timeout=600), "".join(srv.log[-20:])
         yield srv
 
 
@@ -25,7 +27,7 @@ def test_ddpm_job_returns_decodable_pngs(server) -> None:
     body = {
         "images": [IMG],
         "req_id": "ddpm-e2e",
-        "params": {"timesteps": 5, "seed": 3, "num_images": 2},
+        "params": {"sample_steps": 5, "seed": 3, "num_images": 2},
     }
     status, doc = server.json("POST", "/jobs", body)
     assert status == 202, doc
@@ -35,7 +37,7 @@ def test_ddpm_job_returns_decodable_pngs(server) -> None:
     status, result = server.json("GET", f"/jobs/{job}/result")
     assert status == 200 and result["code"] == 0, result
     data = result["data"]
-    assert (data["steps"], data["seed"], data["sampler"]) == (5, 3, "ddpm")
+    assert (data["steps"], data["seed"], data["scheduler"]) == (5, 3, "ddpm")
     assert len(data["images"]) == 2
     for b64 in data["images"]:
         with Image.open(io.BytesIO(base64.b64decode(b64))) as img:
@@ -43,7 +45,8 @@ def test_ddpm_job_returns_decodable_pngs(server) -> None:
 
 
 def test_same_seed_same_images_over_http(server) -> None:
-    """The sync path with the same seed returns the same bytes as before."""
+    """The sync path with the same seed returns the same bytes, also under the old param name."""
+    # "timesteps" is the previous name of sample_steps; it still works.
     body = {"images": [IMG], "req_id": "d", "params": {"timesteps": 3, "seed": 9}}
     first = server.json("POST", "/mortred/diffusion/ddpm", body)
     second = server.json("POST", "/mortred/diffusion/ddpm", body)
@@ -53,7 +56,11 @@ def test_same_seed_same_images_over_http(server) -> None:
 
 @pytest.mark.parametrize(
     ("params", "field"),
-    [({"timesteps": 100000}, "params.timesteps"), ({"steps": 3}, "params.steps")],
+    [
+        ({"sample_steps": 100000}, "params.sample_steps"),
+        ({"steps": 3}, "params.steps"),
+        ({"scheduler": "dpmsolver++", "eta": 0.5}, "params.eta"),
+    ],
 )
 def test_bad_params_are_422_before_admission(server, params, field) -> None:
     """Out-of-range or unknown params are refused with 422 naming the field."""
