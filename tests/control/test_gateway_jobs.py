@@ -64,8 +64,13 @@ def running(plane: ControlPlane, job: str) -> bool:
 
 
 def cancel_all(plane: ControlPlane, *jobs: str) -> None:
+    """Cancel each job and wait until it has ended (a running one stops at its next
+    step, after the 202)."""
     for job in jobs:
         gw(plane, "ops", "DELETE", f"{JOBS}/{job}")
+    for job in jobs:
+        code, _, doc = gw(plane, "ops", "GET", f"{JOBS}/{job}/wait?timeout=30000")
+        assert code == 200 and doc["state"] == "cancelled", doc
 
 
 def metric(plane: ControlPlane, name: str) -> float:
