@@ -239,7 +239,7 @@ def check_shared_store(entries: list[CatalogEntry]) -> list[str]:
         if processes > 1 and e.job_store != "redis":
             what = f"replicas = {e.replicas}" if e.replicas > 1 else "[gateway.upstreams]"
             problems.append(
-                f"{e.source} ({e.id}): {what} needs job_store = \"redis\" in its [server] "
+                f'{e.source} ({e.id}): {what} needs job_store = "redis" in its [server] '
                 "table: with the in-memory store every process keeps its own jobs, so a "
                 "poll, wait or result answered by another replica would be a 404"
             )
