@@ -35,6 +35,10 @@ setup(
         # Twisted-native Redis client (Deferreds; never blocks the reactor) for
         # job_store = "redis".
         "txredisapi==1.6.0",
+        # hiredis' C reply parser, which txredisapi uses when it is installed: a Redis
+        # submit's p99 13.4 vs 16.4 ms, cross-process wake p99 2.4 vs 3.6 ms (quiet,
+        # bench/replicas.py fleet, docs/benchmarks.md).
+        "hiredis==3.5.0",
         # The field's diffusion library: denoisers, schedulers, autoencoders.
         "diffusers==0.42.1",
         "safetensors>=0.4",
