@@ -198,13 +198,9 @@ class UpstreamConnection(Protocol):
 
     # -- receiving -------------------------------------------------------------------
 
-    def dataReceived(self, data: bytes) -> None:
-        ex = self.exchange
-        if ex is None:
-            # Bytes nobody asked for: the connection is out of sync; drop it.
-            self.abort()
-            return
-        ex.got_bytes = True
+    def _feed(self, data: bytes) -> bool:
+        """Give ``data`` to llhttp, recording why it stopped in ``_problem``; True
+        when llhttp refused the bytes (a parse error)."""
         self._reads += len(data)
         try:
             self._parser.feed_data(data)
@@ -215,6 +211,17 @@ class UpstreamConnection(Protocol):
         except httptools.HttpParserError as exc:
             if not self._done:
                 self._problem = f"bad response: {exc}"
+            return True
+        return False
+
+    def dataReceived(self, data: bytes) -> None:
+        ex = self.exchange
+        if ex is None:
+            # Bytes nobody asked for: the connection is out of sync; drop it.
+            self.abort()
+            return
+        ex.got_bytes = True
+        if self._feed(data):
             self._after = True
         if self._done:
             if self._after and not ex.head:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httptools
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
@@ -139,15 +138,7 @@ class StreamingConnection(_ReadyConnection):
             return
         if ex is not None:
             ex.got_bytes = True
-        self._reads += len(data)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError:
-            if not self._done and self._problem is None:
-                self._problem = "response parser callback failed"
-        except httptools.HttpParserError as exc:
-            if not self._done:
-                self._problem = f"bad response: {exc}"
+        self._feed(data)
         if stream is None:
             if self._headers is None or self._problem is not None:
                 if self._problem is not None:
