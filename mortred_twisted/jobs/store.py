@@ -36,21 +36,29 @@ This module imports no Twisted at run time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, Union
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from mortred_twisted.jobs.ledger import Admission, JobPage, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 
-if TYPE_CHECKING:
-    from twisted.internet.defer import Deferred
-
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 U = TypeVar("U")
 RequestT = TypeVar("RequestT")
 
+
+class Pending(Protocol[T_co]):
+    """What this module needs of an answer still to come (a Twisted ``Deferred`` is
+    one): chaining and awaiting. Spelled here so the core imports no Twisted."""
+
+    def addCallback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def __await__(self) -> Generator[Any, None, T_co]: ...
+
+
 #: A value, or a Deferred that fires with it.
-Maybe = Union[T, "Deferred[T]"]
+Maybe = T | Pending[T]
 
 
 class StoreUnavailable(Exception):
