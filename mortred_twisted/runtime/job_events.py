@@ -68,7 +68,14 @@ class JobEvents:
         self._webhook(job_id, "start", terminal=False)
 
     def progress(self, job_id: str, step: int, total: int) -> None:
-        """The run reported a step (any thread); coalesced into one reactor hop."""
+        """The run reported a step (any thread); coalesced into one reactor hop, and
+        none at all while no stream follows the job and no webhook may want it (a
+        stream that registers later re-reads the status after registering, so it
+        misses nothing). The check reads the counter registry's size from the model thread:
+        one dict lookup, atomic under the GIL; a stale answer costs one hop or one
+        progress event a stream re-reads anyway."""
+        if self._webhooks is None and not self._counters.waiting(events_counter(job_id)):
+            return
         with self._hop_lock:
             if job_id in self._hops_pending:
                 return
