@@ -69,10 +69,10 @@ class JobControlRoutes:
         if err is not None:
             return self._job_error(request, err)  # type: ignore[attr-defined]
         rid = self._request_id_header(request)  # type: ignore[attr-defined]
-        cancel = getattr(self.runtime.store, "cancel", None)
-        if cancel is None:
-            return self._job_error(request, _unsupported("cancel"), rid)  # type: ignore[attr-defined]
-        answer = then(cancel(job_id), lambda out: self._cancelled(request, job_id, *out, rid))
+        answer = then(
+            self.runtime.store.cancel(job_id),
+            lambda out: self._cancelled(request, job_id, *out, rid),
+        )
         return self._store_errors(request, answer, rid)  # type: ignore[attr-defined]
 
     def _cancelled(
@@ -113,13 +113,11 @@ class JobControlRoutes:
         except ValueError as exc:
             bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
             return self._job_error(request, bad, rid)  # type: ignore[attr-defined]
-        lister = getattr(self.runtime.store, "list_jobs", None)
-        if lister is None:
-            return self._job_error(request, _unsupported("listing"), rid)  # type: ignore[attr-defined]
         owner, sees_all = self.principal(request)
         try:
-            page = lister(owner=None if sees_all else owner, states=states, limit=limit,
-                          cursor=cursor)  # fmt: skip
+            page = self.runtime.store.list_jobs(
+                owner=None if sees_all else owner, states=states, limit=limit, cursor=cursor
+            )
         except ValueError as exc:
             bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
             return self._job_error(request, bad, rid)  # type: ignore[attr-defined]
@@ -232,7 +230,3 @@ def parse_list_query(
         limit = int(raw_limit)
     cursor = args.get(b"cursor", [b""])[0].decode("ascii", "replace").strip() or None
     return states, limit, cursor
-
-
-def _unsupported(what: str) -> ApiError:
-    return ApiError(E.NOT_FOUND, f"job {what} is not available with this job store", status=501)

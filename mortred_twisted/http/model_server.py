@@ -222,19 +222,13 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         except Exception as exc:
             return self._job_error(request, to_api_error(exc), req_id)
         owner, _ = self.principal(request)
-        admit = getattr(rt.store, "admit", None)
-        if admit is None:  # a store without the job-API features yet
-            if key is not None or webhook is not None:
-                return self._job_error(request, _needs_admit(), req_id)
-            admitted = then(rt.store.submit(valid, task_id=req_id), Admission)
-        else:
-            fp = ""
-            if key is not None:
-                request.content.seek(0)
-                fp = fingerprint(request.content.read())
-            admitted = admit(
-                valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook
-            )
+        fp = ""
+        if key is not None:
+            request.content.seek(0)
+            fp = fingerprint(request.content.read())
+        admitted = rt.store.admit(
+            valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook
+        )
         answer = then(admitted, lambda a: self._admitted(request, a, req_id))
         return self._store_errors(request, answer, req_id)
 
@@ -394,10 +388,3 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         return self._respond(
             request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id
         )
-
-
-def _needs_admit() -> ApiError:
-    return ApiError(
-        E.NOT_FOUND, "Idempotency-Key and webhooks are not available with this job store",
-        status=501,
-    )  # fmt: skip

@@ -95,10 +95,6 @@ class MemoryJobStore(Generic[RequestT]):
     ) -> JobPage:
         return self.ledger.list_jobs(owner=owner, states=states, limit=limit, cursor=cursor)
 
-    @property
-    def pending_count(self) -> int:
-        return self.ledger.pending_count
-
     def set_progress(self, job_id: str, step: int, total: int) -> None:
         self.ledger.set_progress(job_id, step, total)
 

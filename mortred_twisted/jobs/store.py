@@ -155,11 +155,6 @@ class JobStore(Protocol[RequestT]):
         for a malformed cursor."""
         ...
 
-    @property
-    def pending_count(self) -> int:
-        """Jobs waiting for a worker (the last value seen), for Retry-After."""
-        ...
-
     def begin(self, job_id: str) -> Maybe[RequestT | None]:
         """Push mode: ``pending → running`` and hand out the request payload, or None
         when the job is no longer pending (already ended)."""
