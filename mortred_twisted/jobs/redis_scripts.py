@@ -440,14 +440,15 @@ SCRIPTS: dict[str, str] = {
 }
 
 
-def _text(value: bytes | str | None) -> str | None:
+def reply_text(value: bytes | str | None) -> str | None:
+    """A Redis reply value as text (replies are bytes: the link sets no charset)."""
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _int(value: bytes | str | None) -> int | None:
-    text = _text(value)
+    text = reply_text(value)
     return int(text) if text else None
 
 
@@ -456,28 +457,28 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
     if not reply:
         return None
     state, task, created, started, completed, error, progress, _attempt, now = reply[:9]
-    cancel = _text(reply[9]) if len(reply) > 9 else None  # type: ignore[arg-type]
+    cancel = reply_text(reply[9]) if len(reply) > 9 else None  # type: ignore[arg-type]
     position = _int(reply[10]) if len(reply) > 10 else None  # type: ignore[arg-type]
     created_ms = _int(created) or 0  # type: ignore[arg-type]
     started_ms = _int(started)  # type: ignore[arg-type]
     completed_ms = _int(completed)  # type: ignore[arg-type]
     end = completed_ms if completed_ms is not None else int(now)  # type: ignore[call-overload]
     steps = None
-    text = _text(progress)  # type: ignore[arg-type]
+    text = reply_text(progress)  # type: ignore[arg-type]
     if text:
         step, _, total = text.partition("/")
         steps = (int(step), int(total))
     return JobSnapshot(
         job_id=job_id,
-        state=JobState(_text(state)),  # type: ignore[arg-type]
-        task_id=_text(task) or "",  # type: ignore[arg-type]
+        state=JobState(reply_text(state)),  # type: ignore[arg-type]
+        task_id=reply_text(task) or "",  # type: ignore[arg-type]
         elapsed_ms=max(0, end - created_ms),
-        error=_text(error),  # type: ignore[arg-type]
+        error=reply_text(error),  # type: ignore[arg-type]
         progress=steps,
         queued_ms=None if started_ms is None else started_ms - created_ms,
         completed_unix=None if completed_ms is None else completed_ms / 1000.0,
         queue_position=position or None,
-        cancel_requested=bool(cancel) and _text(state) == "running",  # type: ignore[arg-type]
+        cancel_requested=bool(cancel) and reply_text(state) == "running",  # type: ignore[arg-type]
     )
 
 
@@ -488,7 +489,7 @@ def decode_result(reply: list[object] | None) -> ResultLookup:
     state, task, result = reply
     return ResultLookup(
         found=True,
-        state=JobState(_text(state)),  # type: ignore[arg-type]
+        state=JobState(reply_text(state)),  # type: ignore[arg-type]
         result=result,
-        task_id=_text(task) or "",  # type: ignore[arg-type]
+        task_id=reply_text(task) or "",  # type: ignore[arg-type]
     )

@@ -47,6 +47,7 @@ from mortred_twisted.jobs.redis_scripts import (
     decode_result,
     decode_snapshot,
     key_prefix,
+    reply_text,
 )
 from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
 from mortred_twisted.jobs.store import Claim, StoreUnavailable
@@ -54,12 +55,6 @@ from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.redis_link import RedisLink
 
 log = Logger()
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 __all__ = ["LOST_REPLICA_ERROR", "RedisJobStore", "replica_name"]
@@ -186,7 +181,7 @@ class RedisJobStore:
             if status == 0:
                 return Admission(None)
             if status == 2:
-                return Admission(_text(known), replayed=True)
+                return Admission(reply_text(known), replayed=True)
             if status == 3:
                 return Admission(None, conflict=True)
         raise RuntimeError("could not draw a free job id")
@@ -198,14 +193,14 @@ class RedisJobStore:
         def decode(reply: Any) -> tuple[CancelOutcome, JobSnapshot | None]:
             if not reply:
                 return CancelOutcome.UNKNOWN, None
-            outcome = CancelOutcome(_text(reply[0]))
+            outcome = CancelOutcome(reply_text(reply[0]))
             return outcome, decode_snapshot(job_id, reply[1:])
 
         return self._script("cancel", job_id, self._ttl_ms, self._max_completed).addCallback(decode)
 
     def _extras(self, job_id: str) -> Deferred[list[str]]:
         return self._script("job_extras", job_id).addCallback(
-            lambda reply: [_text(x) or "" for x in reply]
+            lambda reply: [reply_text(x) or "" for x in reply]
         )
 
     def cancel_requested(self, job_id: str) -> Deferred[bool]:
@@ -237,10 +232,10 @@ class RedisJobStore:
         def decode(reply: Any) -> JobPage:
             jobs = []
             for i in range(1, len(reply), 2):
-                snap = decode_snapshot(_text(reply[i]) or "", reply[i + 1])
+                snap = decode_snapshot(reply_text(reply[i]) or "", reply[i + 1])
                 if snap is not None:
                     jobs.append(snap)
-            next_seq = _text(reply[0])
+            next_seq = reply_text(reply[0])
             return JobPage(jobs, f"c{next_seq}" if next_seq else None)
 
         return self._script("list", *args).addCallback(decode)
