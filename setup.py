@@ -32,12 +32,10 @@ setup(
         # HTTP/1.1 framing (llhttp, the parser of Node.js and uvicorn): the gateway
         # decides no chunk size, Content-Length or Transfer-Encoding itself.
         "httptools==0.9.0",
-        # Twisted-native Redis client (Deferreds; never blocks the reactor) for
-        # job_store = "redis".
-        "txredisapi==1.6.0",
-        # hiredis' C reply parser, which txredisapi uses when it is installed: a Redis
-        # submit's p99 13.4 vs 16.4 ms, cross-process wake p99 2.4 vs 3.6 ms (quiet,
-        # bench/replicas.py fleet, docs/benchmarks.md).
+        # job_store = "redis": hiredis' C command packer and reply reader (redis-py's
+        # parser) under our own Twisted protocol (runtime/resp.py; never blocks the
+        # reactor). It replaced txredisapi 1.6, whose per-argument Python encoding and
+        # Deferreds per reply halved the pipelined rate (docs/architecture.md).
         "hiredis==3.5.0",
         # The field's diffusion library: denoisers, schedulers, autoencoders.
         "diffusers==0.42.1",

@@ -1,16 +1,17 @@
-"""``RedisLink``: one process's connections to Redis, on the reactor (txredisapi).
+"""``RedisLink``: one process's connections to Redis, on the reactor
+(:class:`~mortred_twisted.runtime.resp.RespConnection`, RESP through hiredis).
 
 Two connections, each kept up by a ``ClientService`` (reconnect with backoff):
 
 - **commands**: every store operation is one ``EVALSHA`` of a script from
-  :mod:`mortred_twisted.jobs.redis_scripts` (loaded on each new connection, so a
-  restarted Redis gets them again; ``on_connected`` runs after each). Replies are
-  bytes (``charset=None``) and never number-converted. While the connection is
-  down a call fails at once with :class:`StoreUnavailable` — it is never queued
-  to run later, so a refused submit leaves nothing behind. A reply that takes
-  longer than ``reply_timeout_s`` drops the connection (and the call fails): one
-  watchdog a second looks at the oldest unanswered command (replies come in order),
-  instead of a timer per command.
+  :mod:`mortred_twisted.jobs.redis_scripts` (loaded on each new connection, after
+  ``AUTH``/``SELECT``, so a restarted Redis gets them again; ``on_connected`` runs
+  after each). Replies are hiredis' values (bytes, ints, lists; never decoded or
+  number-converted). While the connection is down a call fails at once with
+  :class:`StoreUnavailable` — it is never queued to run later, so a refused submit
+  leaves nothing behind. A reply that takes longer than ``reply_timeout_s`` drops
+  the connection (and the call fails): one watchdog a second looks at the oldest
+  unanswered command (replies come in order), instead of a timer per command.
 - **events**: a ``SUBSCRIBE`` to the model's channel; each message is handed to
   ``on_event``. After every (re)subscription ``on_subscribed`` runs, so the owner
   can re-read whatever it waits for: an event published while the subscription
@@ -21,11 +22,9 @@ Nothing here ever blocks the reactor thread. Thread contract: reactor thread onl
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import txredisapi
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -36,38 +35,29 @@ from twisted.logger import Logger
 from mortred_twisted.config.server import RedisAddress
 from mortred_twisted.jobs.redis_scripts import GROUP, SCRIPTS
 from mortred_twisted.jobs.store import StoreUnavailable
+from mortred_twisted.runtime.resp import RedisReplyError, RespConnection
 
 log = Logger()
 
 
 class _Factory(Factory):
-    """Builds txredisapi protocols; the hooks txredisapi's protocol calls back."""
+    """Builds :class:`RespConnection` protocols for one Redis address."""
 
-    isLazy = True
     noisy = False
 
-    def __init__(self, protocol_class: type, address: RedisAddress, reply_timeout_s: float):
-        self._protocol_class = protocol_class
+    def __init__(
+        self, reactor: Any, address: RedisAddress, on_message: Callable[[bytes], None] | None
+    ) -> None:
+        self._reactor = reactor
         self._address = address
-        self._timeout = reply_timeout_s
-        self.on_message: Callable[[bytes], None] | None = None
+        self._on_message = on_message
 
-    def buildProtocol(self, addr: Any) -> Any:
-        a = self._address
-        proto = self._protocol_class(
-            charset=None, replyTimeout=self._timeout, password=a.password,
-            dbid=a.db or None, convertNumbers=False, username=a.username,
-        )  # fmt: skip
+    def buildProtocol(self, addr: Any) -> RespConnection:
+        proto = RespConnection(
+            self._reactor, label=self._address.redacted(), on_message=self._on_message
+        )
         proto.factory = self
-        if self.on_message is not None:
-            proto.messageReceived = lambda _pattern, _channel, message: self.on_message(message)
         return proto
-
-    def stopTrying(self) -> None:  # called by txredisapi when AUTH/SELECT fail
-        log.error("redis refused AUTH/SELECT; check redis_url")
-
-    def connectionError(self, why: str) -> None:
-        log.error("{why}", why=why)
 
 
 class RedisLink:
@@ -92,18 +82,17 @@ class RedisLink:
         self._on_subscribed = on_subscribed
         self._on_connected = on_connected
         self._shas: dict[str, str] = {}
-        self._conn: Any = None
-        self._sub: Any = None
+        self._conn: RespConnection | None = None
+        self._sub: RespConnection | None = None
         endpoint = TCP4ClientEndpoint(reactor, address.host, address.port, timeout=5)
         policy = backoffPolicy(initialDelay=0.1, maxDelay=2.0, factor=2.0)
         self._reply_timeout_s = reply_timeout_s
-        cmd_factory = _Factory(txredisapi.RedisProtocol, address, 0)
+        cmd_factory = _Factory(reactor, address, None)
         self._commands = ClientService(
             endpoint, cmd_factory, retryPolicy=policy, prepareConnection=self._prepare,
             clock=reactor,
         )  # fmt: skip
-        sub_factory = _Factory(txredisapi.SubscriberProtocol, address, 0)
-        sub_factory.on_message = on_event
+        sub_factory = _Factory(reactor, address, on_event)
         self._events = ClientService(
             endpoint, sub_factory, retryPolicy=policy, prepareConnection=self._subscribe,
             clock=reactor,
@@ -138,41 +127,55 @@ class RedisLink:
             self._ready.append(d)
         return d
 
-    async def _prepare_async(self, proto: Any) -> None:
-        await proto.whenConnected()
-        for name, text in SCRIPTS.items():
-            sha = await proto.execute_command("SCRIPT", "LOAD", text)
-            self._shas[name] = sha.decode() if isinstance(sha, bytes) else sha
+    async def _login(self, proto: RespConnection) -> None:
+        """``AUTH`` and ``SELECT`` as the URL asks (a refusal drops the connection)."""
+        a = self.address
         try:
-            await proto.execute_command("XGROUP", "CREATE", self._stream, GROUP, "0", "MKSTREAM")
-        except txredisapi.ResponseError as exc:
+            if a.password is not None:
+                await proto.call("AUTH", *([a.username] if a.username else []), a.password)
+            if a.db:
+                await proto.call("SELECT", a.db)
+        except RedisReplyError as exc:
+            # The reply names the refusal (WRONGPASS, NOAUTH, DB index); never the secret.
+            log.error("redis refused AUTH/SELECT ({why}); check redis_url {url}",
+                      why=str(exc).split(" ", 1)[0], url=a.redacted())  # fmt: skip
+            proto.transport.loseConnection()
+            raise
+
+    async def _prepare_async(self, proto: RespConnection) -> None:
+        await self._login(proto)
+        for name, text in SCRIPTS.items():
+            sha = await proto.call("SCRIPT", "LOAD", text)
+            self._shas[name] = sha.decode()
+        try:
+            await proto.call("XGROUP", "CREATE", self._stream, GROUP, "0", "MKSTREAM")
+        except RedisReplyError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        proto.mortred_sent = deque()  # send times of unanswered commands, in order
         self._conn = proto
         log.info("job store connected to {url}", url=self.address.redacted())
-        proto.whenDisconnected().addCallback(self._lost)
+        proto.lost.addCallback(self._lost)
         ready, self._ready = self._ready, []
         for d in ready:
             d.callback(None)
         if self._on_connected is not None:
             self._on_connected()
 
-    def _prepare(self, proto: Any) -> Deferred[None]:
+    def _prepare(self, proto: RespConnection) -> Deferred[None]:
         return Deferred.fromCoroutine(self._prepare_async(proto))
 
-    def _lost(self, proto: Any) -> None:
+    def _lost(self, proto: RespConnection) -> None:
         if self._conn is proto:
             self._conn = None
             log.warn("job store connection to {url} lost", url=self.address.redacted())
 
-    async def _subscribe_async(self, proto: Any) -> None:
-        await proto.whenConnected()
-        await proto.subscribe(self._channel)
+    async def _subscribe_async(self, proto: RespConnection) -> None:
+        await self._login(proto)
+        await proto.call("SUBSCRIBE", self._channel)
         self._sub = proto
         self._on_subscribed()
 
-    def _subscribe(self, proto: Any) -> Deferred[None]:
+    def _subscribe(self, proto: RespConnection) -> Deferred[None]:
         return Deferred.fromCoroutine(self._subscribe_async(proto))
 
     def call(self, *args: Any) -> Deferred[Any]:
@@ -181,20 +184,13 @@ class RedisLink:
         if conn is None or not conn.connected:
             return fail(StoreUnavailable(f"job store unavailable: not connected to "
                                          f"{self.address.redacted()}"))  # fmt: skip
-        try:
-            d = conn.execute_command(*args)
-        except txredisapi.ConnectionError as exc:
-            return fail(StoreUnavailable(f"job store unavailable: {exc}"))
-        sent = conn.mortred_sent
-        sent.append(self._reactor.seconds())
-        d.addBoth(_answered, sent)
-        return d.addErrback(_unavailable)
+        return conn.call(*args)
 
     def _check_replies(self) -> None:
         conn = self._conn
-        if conn is None or not conn.mortred_sent:
+        if conn is None:
             return
-        waited = self._reactor.seconds() - conn.mortred_sent[0]
+        waited = conn.oldest_wait()
         if waited > self._reply_timeout_s:
             log.warn("job store: no reply from {url} for {s:.1f} s; reconnecting",
                      url=self.address.redacted(), s=waited)  # fmt: skip
@@ -206,26 +202,14 @@ class RedisLink:
         d = self.call("EVALSHA", self._shas.get(name, ""), len(keys), *keys, *args)
 
         def reload(failure: Any) -> Any:
-            if not (failure.check(txredisapi.ResponseError) and "NOSCRIPT" in str(failure.value)):
+            if not (failure.check(RedisReplyError) and "NOSCRIPT" in str(failure.value)):
                 return failure
             loaded = self.call("SCRIPT", "LOAD", SCRIPTS[name])
 
-            def again(sha: Any) -> Deferred[Any]:
-                self._shas[name] = sha.decode() if isinstance(sha, bytes) else sha
+            def again(sha: bytes) -> Deferred[Any]:
+                self._shas[name] = sha.decode()
                 return self.call("EVALSHA", self._shas[name], len(keys), *keys, *args)
 
             return loaded.addCallback(again)
 
         return d.addErrback(reload)
-
-
-def _answered(result: Any, sent: deque[float]) -> Any:
-    if sent:
-        sent.popleft()
-    return result
-
-
-def _unavailable(failure: Any) -> Any:
-    if failure.check(txredisapi.ConnectionError) and not failure.check(StoreUnavailable):
-        raise StoreUnavailable(f"job store unavailable: {failure.getErrorMessage()}")
-    return failure

@@ -34,10 +34,11 @@ READY_MARKER = "Ready to accept connections"
 class RedisServer:
     """One redis-server child process; restartable on the same port and data."""
 
-    def __init__(self, binary: str, port: int, data_dir: Path) -> None:
+    def __init__(self, binary: str, port: int, data_dir: Path, password: str | None = None) -> None:
         self.binary = binary
         self.port = port
         self.data_dir = data_dir
+        self.password = password  # --requirepass (the "default" user's password)
         self.url = f"redis://127.0.0.1:{port}/0"
         self.process: subprocess.Popen[str] | None = None
         self.log: list[str] = []
@@ -47,6 +48,7 @@ class RedisServer:
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.data_dir), "--save", "", "--appendonly", "yes",
             "--appendfsync", "everysec", "--protected-mode", "yes", "--daemonize", "no",
+            *(["--requirepass", self.password] if self.password else []),
         ]  # fmt: skip
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -84,20 +86,22 @@ class RedisServer:
     def command(self, *args: str) -> str:
         """One command through ``redis-cli`` (for assertions and setup)."""
         cli = shutil.which("redis-cli") or "redis-cli"
+        auth = ["-a", self.password, "--no-auth-warning"] if self.password else []
         out = subprocess.run(
-            [cli, "-p", str(self.port), *args], capture_output=True, text=True, check=True
+            [cli, "-p", str(self.port), *auth, *args], capture_output=True, text=True, check=True
         )
         return out.stdout.strip()
 
 
 @contextmanager
-def redis_server() -> Iterator[RedisServer]:
-    """A started redis-server on a free port with a temporary data dir (removed after)."""
+def redis_server(password: str | None = None) -> Iterator[RedisServer]:
+    """A started redis-server on a free port with a temporary data dir (removed after);
+    ``password`` turns on ``--requirepass``."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     data_dir = Path(tempfile.mkdtemp(prefix="mortred-redis-"))
-    server = RedisServer(binary, free_port(), data_dir)
+    server = RedisServer(binary, free_port(), data_dir, password)
     try:
         server.start()
         yield server
