@@ -2,12 +2,12 @@
 
 Keys of one model id (all under one hash tag, so they share a cluster slot)::
 
-    mortred:{<id>}:job:<job_id>  HASH   state, task, created, started, completed (ms,
-                                        Redis clock), attempt, owner (the replica
-                                        running it), progress "s/t", error, request
-                                        (until terminal), result; principal (the
-                                        caller), seq, cancel, idem, webhook,
-                                        hook_events
+    mortred:{<id>}:job:<job_id>  HASH   state, task, created, started (ms of the
+                                        Redis clock), completed (ms with µs),
+                                        attempt, owner (the replica running it),
+                                        progress "s/t", error, request (until
+                                        terminal), result; principal (the caller),
+                                        seq, cancel, idem, webhook, hook_events
     mortred:{<id>}:depth         STRING admitted non-terminal jobs (invariant 3)
     mortred:{<id>}:queue         STREAM one entry {job: <id>} per (re)queued job;
                                         consumer group "workers"
@@ -60,6 +60,13 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- The same clock as text with microseconds ("<ms>.<µs>"): Lua's number-to-string
+-- conversion keeps 14 digits, which would round today's ms to 10 ms.
+local function now_ms_text()
+  local t = redis.call('TIME')
+  local us = string.format('%06d', tonumber(t[2]))
+  return t[1] .. string.sub(us, 1, 3) .. '.' .. string.sub(us, 4)
+end
 local function forget(id)
   local idem = redis.call('HGET', P .. 'job:' .. id, 'idem')
   if idem then redis.call('DEL', idem) end
@@ -74,9 +81,9 @@ local function depth()
   return tonumber(redis.call('GET', P .. 'depth') or '0')
 end
 -- The one non-terminal -> terminal transition (callers check the state first).
-local function terminate(id, state, result, err, now, ttl_ms, max_completed)
+local function terminate(id, state, result, err, ttl_ms, max_completed)
   local key = P .. 'job:' .. id
-  redis.call('HSET', key, 'state', state, 'completed', now)
+  redis.call('HSET', key, 'state', state, 'completed', now_ms_text())
   if result then redis.call('HSET', key, 'result', result) end
   if err then redis.call('HSET', key, 'error', err) end
   redis.call('HDEL', key, 'request', 'owner')
@@ -190,8 +197,8 @@ for _ = 1, 64 do
   local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt', 'cancel')
   if f[1] == 'pending' and f[5] then
     -- asked to stop while it ran on a replica that was then lost: it ends here
-    terminate(id, 'cancelled', false, 'cancelled by request', now_ms(),
-              tonumber(ARGV[3]), tonumber(ARGV[4]))
+    terminate(id, 'cancelled', false, 'cancelled by request', tonumber(ARGV[3]),
+              tonumber(ARGV[4]))
   elseif f[1] == 'pending' then
     local now = now_ms()
     redis.call('HSET', key, 'state', 'running', 'owner', ARGV[1], 'started', now)
@@ -216,7 +223,7 @@ local mine = ARGV[5] == '' or (f[2] == ARGV[5] and (ARGV[6] == '' or f[3] == ARG
 if f[1] == 'pending' or (f[1] == 'running' and mine) then
   local result = ARGV[3] ~= '' and ARGV[3] or false
   local err = ARGV[4] ~= '' and ARGV[4] or false
-  terminate(id, ARGV[2], result, err, now_ms(), tonumber(ARGV[7]), tonumber(ARGV[8]))
+  terminate(id, ARGV[2], result, err, tonumber(ARGV[7]), tonumber(ARGV[8]))
   return {1, depth()}
 end
 return {0, depth()}
@@ -314,7 +321,7 @@ for _, id in ipairs(expired) do
   if f[1] == 'running' then
     local attempt = tonumber(f[2] or '1')
     if attempt >= max_attempts then
-      terminate(id, 'failed', false, 'interrupted: replica lost', now, ttl, cap)
+      terminate(id, 'failed', false, 'interrupted: replica lost', ttl, cap)
       lost = lost + 1
     else
       requeue(id, key, attempt + 1)
@@ -327,7 +334,7 @@ if budget > 0 then
                                  'LIMIT', 0, 100)) do
     local key = P .. 'job:' .. id
     if redis.call('HGET', key, 'state') == 'pending' then
-      terminate(id, 'timeout', false, ARGV[7], now, ttl, cap)
+      terminate(id, 'timeout', false, ARGV[7], ttl, cap)
       overdue = overdue + 1
     else
       redis.call('ZREM', P .. 'pending', id)
@@ -366,7 +373,7 @@ local state = redis.call('HGET', key, 'state')
 if not state then return false end
 local outcome = 'finished'
 if state == 'pending' then
-  terminate(id, 'cancelled', false, 'cancelled by request', now_ms(), tonumber(ARGV[2]),
+  terminate(id, 'cancelled', false, 'cancelled by request', tonumber(ARGV[2]),
             tonumber(ARGV[3]))
   outcome = 'cancelled'
 elseif state == 'running' then
@@ -452,6 +459,12 @@ def _int(value: bytes | str | None) -> int | None:
     return int(text) if text else None
 
 
+def _ms(value: bytes | str | None) -> float | None:
+    """A stored time in ms: whole (``created``, ``started``) or with µs (``completed``)."""
+    text = reply_text(value)
+    return float(text) if text else None
+
+
 def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | None:
     """The :class:`JobSnapshot` of a ``SNAPSHOT`` reply (None: unknown job)."""
     if not reply:
@@ -461,7 +474,7 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
     position = _int(reply[10]) if len(reply) > 10 else None  # type: ignore[arg-type]
     created_ms = _int(created) or 0  # type: ignore[arg-type]
     started_ms = _int(started)  # type: ignore[arg-type]
-    completed_ms = _int(completed)  # type: ignore[arg-type]
+    completed_ms = _ms(completed)  # type: ignore[arg-type]
     end = completed_ms if completed_ms is not None else int(now)  # type: ignore[call-overload]
     steps = None
     text = reply_text(progress)  # type: ignore[arg-type]
@@ -472,7 +485,7 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
         job_id=job_id,
         state=JobState(reply_text(state)),  # type: ignore[arg-type]
         task_id=reply_text(task) or "",  # type: ignore[arg-type]
-        elapsed_ms=max(0, end - created_ms),
+        elapsed_ms=max(0, int(end - created_ms)),
         error=reply_text(error),  # type: ignore[arg-type]
         progress=steps,
         queued_ms=None if started_ms is None else started_ms - created_ms,

@@ -166,16 +166,17 @@ class RedisJobStore:
         payload = self._encode(request)
         url, events = webhook or ("", frozenset())
         extras = (owner, idempotency_key or "", fingerprint, url, ",".join(sorted(events)))
-        return Deferred.fromCoroutine(self._admit(payload, task_id, extras))
+        return self._admit(payload, task_id, extras, tries=8)
 
-    async def _admit(self, payload: bytes, task_id: str, extras: tuple[str, ...]) -> Admission:
-        for _ in range(8):
-            job_id = new_job_id()
-            status, depth, known = await self._script(
-                "admit", self._max_queue, job_id, task_id, payload, *extras
-            )
-            self._depth = int(depth)
-            status = int(status)
+    def _admit(
+        self, payload: bytes, task_id: str, extras: tuple[str, ...], tries: int
+    ) -> Deferred[Admission]:
+        """One ``ADMIT`` under a fresh id; again (``tries`` in all) if the id is taken.
+        Plain callbacks, no coroutine: this is every submit's path."""
+
+        def decide(reply: list[Any]) -> Admission | Deferred[Admission]:
+            status, depth, known = reply
+            self._depth = depth
             if status == 1:
                 return Admission(job_id)
             if status == 0:
@@ -184,7 +185,13 @@ class RedisJobStore:
                 return Admission(reply_text(known), replayed=True)
             if status == 3:
                 return Admission(None, conflict=True)
-        raise RuntimeError("could not draw a free job id")
+            if tries > 1:  # -1: the drawn id exists (96 random bits: practically never)
+                return self._admit(payload, task_id, extras, tries - 1)
+            raise RuntimeError("could not draw a free job id")
+
+        job_id = new_job_id()
+        d = self._script("admit", self._max_queue, job_id, task_id, payload, *extras)
+        return d.addCallback(decide)
 
     def cancel(self, job_id: str) -> Deferred[tuple[CancelOutcome, JobSnapshot | None]]:
         """Pending → cancelled (in Redis, at once); running → flagged and announced
@@ -248,16 +255,25 @@ class RedisJobStore:
             "claim", self.owner, self._lease_ms, self._ttl_ms, self._max_completed
         ).addCallback(self._claimed)
 
-    def _claimed(self, reply: Any) -> Claim | None:
+    def _claimed(self, reply: Any) -> Claim | Deferred[Claim | None] | None:
         if not reply:
             return None
         raw_id, payload, age_ms, attempt = reply
         job_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
         self._held[job_id] = int(attempt)
-        request = self._decode(payload) if payload else None
-        if request is None:
-            self._held.pop(job_id, None)
-            raise RuntimeError(f"job {job_id} has no request payload")
+        try:
+            if not payload:
+                raise ValueError("no request payload")
+            request = self._decode(payload)
+        except Exception as exc:
+            # Unreadable (written by something else, or damaged): the job ends failed
+            # here, once, and the next one is taken; retrying it elsewhere cannot help.
+            log.error("job {job}: unreadable request ({e}); failing it", job=job_id, e=exc)
+            ended = self.terminate(
+                job_id, JobState.FAILED, error=f"unreadable job request: {exc}"
+            )
+            ended.addErrback(lambda f: log.failure("failing job {job}", f, job=job_id))
+            return self.claim_next()
         return Claim(job_id, request, int(age_ms), int(attempt))
 
     def terminate(

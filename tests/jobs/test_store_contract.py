@@ -486,3 +486,46 @@ async def test_a_hung_redis_fails_calls_instead_of_hanging(
         assert await store.submit(REQ)
     finally:
         await store.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_stamps_the_terminal_transition_with_microseconds(
+    redis: RedisServer, model_id: str, replicas: Callable[..., Any]
+) -> None:
+    """``completed`` keeps µs of the Redis clock (whole ms would overstate a measured
+    wake by up to 1 ms), and the snapshot's ``completed_unix`` is that value."""
+    import re
+
+    a = await replicas()
+    job = await a.submit(REQ)
+    await a.terminate(job, JobState.DONE, result=b"{}")
+    stored = redis.command("HGET", f"mortred:{{{model_id}}}:job:{job}", "completed")
+    assert re.fullmatch(r"\d{13}\.\d{3}", stored), stored
+    snap = await a.snapshot(job)
+    assert snap.completed_unix == float(stored) / 1000.0
+    assert snap.elapsed_ms >= 0 and isinstance(snap.elapsed_ms, int)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreadable_request_in_redis_fails_its_job_once_and_the_next_runs(
+    redis: RedisServer, model_id: str, replicas: Callable[..., Any]
+) -> None:
+    """A request payload that does not decode (damaged, or written by something else)
+    ends its job ``failed`` with a clear error instead of leaving it running under a
+    lease that this replica renews forever; the job behind it is still taken."""
+    a = await replicas()
+    bad, good = await a.submit(REQ), await a.submit(REQ)
+    key = f"mortred:{{{model_id}}}:job:{bad}"
+    redis.command("HSET", key, "request", "MJ1garbage, not a job")
+    claim = await a.claim_next()
+    assert claim is not None and claim.job_id == good and claim.request == REQ
+
+    async def failed() -> bool:
+        snap = await a.snapshot(bad)
+        return snap is not None and snap.state is JobState.FAILED
+
+    await eventually(failed, "the unreadable job to fail")
+    snap = await a.snapshot(bad)
+    assert snap.error is not None and snap.error.startswith("unreadable job request")
+    assert redis.command("GET", f"mortred:{{{model_id}}}:depth") == "1"  # only `good`
+    assert redis.command("ZCARD", f"mortred:{{{model_id}}}:leases") == "1"  # only `good`
