@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/replicas.py client [--n 5000]
     .venv/bin/python bench/replicas.py fleet [--duration 10]
+    .venv/bin/python bench/replicas.py submit [--rounds 3]
 
-``client``: the Redis client on the reactor (txredisapi through
+``client``: the Redis client on the reactor (hiredis through
 ``runtime/redis_link.RedisLink``) against a local ``redis-server`` started for the
 run: sequential ``GET`` and ``EVALSHA`` (the job-snapshot script) round trips,
 p50/p99 in µs, and the rate of ``n`` commands issued at once (pipelined on one
@@ -17,6 +18,13 @@ doing submit → wait → result), submit latency with 32 submitters (straight t
 replica, 40 submits each), and wake latency (the job's ``completed_at`` to the
 waiter having its answer; with two replicas the job runs on one replica and the
 waiter waits on the other, whose only worker is kept busy).
+
+The submit rows pin the replica to CPU 0 and this client and ``redis-server`` to
+CPU 1 (as ``bench/async_api.py`` pins its server and client), and print the
+replica's own CPU per submit (``/proc``). With 32 closed-loop submitters the
+latency is about 32 × that cost, so the same run also measures a yardstick: a bare
+``twisted.web`` resource answering fixed bytes (``bench/bare_server.py``) on the
+same core, 32 connections — what this machine allows the smallest possible answer.
 
 Prints Markdown tables; nothing here is a pass/fail test.
 """
@@ -90,7 +98,7 @@ def run_client(n: int) -> None:
         d.addErrback(lambda f: f.printTraceback())
         d.addBoth(lambda _: reactor.stop())
         reactor.run()
-    print("| txredisapi 1.6 on the reactor, local redis-server | |")
+    print("| RESP (hiredis) on the reactor, local redis-server | |")
     print("|---|---|")
     for label, value in out:
         print(f"| {label} | {value} |")
@@ -237,7 +245,7 @@ async def e2e_jobs(fleet: Fleet, duration: float, warmup: float = 3.0) -> Any:
     return stats
 
 
-async def submit_p99(fleet: Fleet, per_client: int) -> Any:
+async def submit_p99(port: int, per_client: int) -> Any:
     from bench.httpload import run_clients, timed
 
     body, headers = _body(200), DIRECT
@@ -247,7 +255,106 @@ async def submit_p99(fleet: Fleet, per_client: int) -> Any:
         assert resp.status == 202, resp.body
         return latency
 
-    return await run_clients("127.0.0.1", fleet.port, 32, step, requests_per_client=per_client)
+    return await run_clients("127.0.0.1", port, 32, step, requests_per_client=per_client)
+
+
+async def bare_p99(port: int, per_client: int) -> Any:
+    from bench.httpload import run_clients, timed
+
+    async def step(conn: Any) -> float:
+        latency, resp = await timed(conn, "GET", "/jobs/x")
+        assert resp.status == 200
+        return latency
+
+    return await run_clients("127.0.0.1", port, 32, step, requests_per_client=per_client)
+
+
+def _cpu_s(pid: int) -> float:
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (threads started later inherit it)."""
+    import contextlib
+    import os
+
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def _replica_pid(fleet: Fleet, port: int) -> int:
+    """The supervisor's child serving ``port`` (from its environment)."""
+    import subprocess
+
+    children = subprocess.run(
+        ["pgrep", "-P", str(fleet.process.pid)], capture_output=True, text=True
+    ).stdout.split()
+    for pid in children:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"MORTRED_LISTEN_PORT={port}".encode() in env:
+            return int(pid)
+    raise RuntimeError(f"no replica process on port {port}")
+
+
+def pinned_submits(fleet: Fleet, redis_pid: int, per_client: int) -> tuple[Any, float]:
+    """Submit ×32 with the replica on CPU 0, client and Redis on CPU 1; (stats, the
+    replica's CPU µs per submit)."""
+    import asyncio
+    import os
+
+    pid = _replica_pid(fleet, fleet.port)
+    mine = os.sched_getaffinity(0)
+    _pin(pid, {0})
+    _pin(redis_pid, {1})
+    os.sched_setaffinity(0, {1})
+    try:
+        asyncio.run(submit_p99(fleet.port, 5))  # warm-up
+        before = _cpu_s(pid)
+        stats = asyncio.run(submit_p99(fleet.port, per_client))
+        cpu_us = (_cpu_s(pid) - before) / max(1, stats.count) * 1e6
+    finally:
+        os.sched_setaffinity(0, mine)
+        _pin(pid, mine)
+        _pin(redis_pid, mine)
+    return stats, cpu_us
+
+
+def yardstick(per_client: int) -> tuple[Any, float]:
+    """Bare twisted.web on CPU 0, 32 connections from CPU 1 (see the docstring)."""
+    import asyncio
+    import os
+    import subprocess
+    import tempfile
+
+    from tests.support.servers import free_port
+
+    port = free_port()
+    with tempfile.NamedTemporaryFile(suffix=".json") as body:
+        body.write(b'{"job_id":"job_x","state":"pending"}')
+        body.flush()
+        bare = subprocess.Popen(
+            ["taskset", "-c", "0", sys.executable, str(ROOT / "bench" / "bare_server.py"),
+             str(port), body.name],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert bare.stdout is not None
+        bare.stdout.readline()
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {1})
+        try:
+            asyncio.run(bare_p99(port, 5))
+            before = _cpu_s(bare.pid)
+            stats = asyncio.run(bare_p99(port, per_client))
+            cpu_us = (_cpu_s(bare.pid) - before) / max(1, stats.count) * 1e6
+        finally:
+            os.sched_setaffinity(0, mine)
+            bare.terminate()
+            bare.wait(10)
+    return stats, cpu_us
 
 
 async def wake(fleet: Fleet, jobs: int) -> Any:
@@ -298,33 +405,77 @@ def run_fleet(duration: float, per_client: int, wake_jobs: int) -> None:
 
     from tests.support.redis_server import redis_server
 
-    rows: list[tuple[str, str, Any]] = []
+    rows: list[tuple[str, str, Any, str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="mortred-bench-fleet-"))
     try:
         with redis_server() as redis:
+            assert redis.process is not None
             for store, replicas in (("memory", 1), ("redis", 1), ("redis", 2)):
                 fleet = Fleet(tmp, redis.url, f"B_{store}_{replicas}", store, replicas)
                 try:
                     fleet.wait_ready()
                     label = f"{store}, {replicas} process(es)"
                     rows.append((label, "e2e jobs/s through the gateway",
-                                 asyncio.run(e2e_jobs(fleet, duration))))  # fmt: skip
+                                 asyncio.run(e2e_jobs(fleet, duration)), ""))  # fmt: skip
                     rows.append((label, "wake: completed_at → waiter answered",
-                                 asyncio.run(wake(fleet, wake_jobs))))  # fmt: skip
+                                 asyncio.run(wake(fleet, wake_jobs)), ""))  # fmt: skip
                     if replicas == 1:
-                        rows.append((label, "submit ×32 straight to the model",
-                                     asyncio.run(submit_p99(fleet, per_client))))  # fmt: skip
+                        stats, cpu_us = pinned_submits(fleet, redis.process.pid, per_client)
+                        rows.append((label, "submit ×32 straight to the model (pinned)",
+                                     stats, f"{cpu_us:.0f} µs"))  # fmt: skip
                 finally:
                     fleet.stop()
+        stats, cpu_us = yardstick(per_client)
+        rows.append(
+            ("—", "yardstick: bare twisted.web GET ×32 (pinned)", stats, f"{cpu_us:.0f} µs")
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("| store, processes | scenario | n | p50 ms | p99 ms | rate /s | errors |")
-    print("|---|---|---|---|---|---|---|")
-    for label, what, st in rows:
+    print(
+        "| store, processes | scenario | n | p50 ms | p99 ms | rate /s | errors "
+        "| server CPU per request |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for label, what, st, cpu in rows:
         print(
             f"| {label} | {what} | {st.count} | {st.pct(50):.2f} | {st.pct(99):.2f} "
-            f"| {st.rate:,.1f} | {st.errors} |"
+            f"| {st.rate:,.1f} | {st.errors} | {cpu} |"
         )
+
+
+def run_submits(per_client: int, rounds: int) -> None:
+    """The submit rows alone, ``rounds`` times each (fresh processes per round)."""
+    import shutil
+    import tempfile
+
+    from tests.support.redis_server import redis_server
+
+    print("| round | set-up | n | p50 ms | p99 ms | rate /s | server CPU per request |")
+    print("|---|---|---|---|---|---|---|")
+    tmp = Path(tempfile.mkdtemp(prefix="mortred-bench-submit-"))
+    try:
+        for r in range(1, rounds + 1):
+            results = []
+            with redis_server() as redis:
+                assert redis.process is not None
+                for store in ("memory", "redis"):
+                    fleet = Fleet(tmp, redis.url, f"S{r}_{store}", store, 1)
+                    try:
+                        fleet.wait_ready()
+                        stats, cpu = pinned_submits(fleet, redis.process.pid, per_client)
+                        results.append((f"{store} store, submit ×32", stats, cpu))
+                    finally:
+                        fleet.stop()
+            stats, cpu = yardstick(per_client)
+            results.append(("bare twisted.web GET ×32", stats, cpu))
+            for what, st, cpu in results:
+                print(
+                    f"| {r} | {what} | {st.count} | {st.pct(50):.2f} | {st.pct(99):.2f} "
+                    f"| {st.rate:,.0f} | {cpu:.0f} µs |",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -336,9 +487,16 @@ def main() -> None:
     fleet.add_argument("--duration", type=float, default=10.0)
     fleet.add_argument("--submits-per-client", type=int, default=40)
     fleet.add_argument("--wake-jobs", type=int, default=100)
+    submit = sub.add_parser(
+        "submit", help="only the pinned submit rows (memory, Redis) and the yardstick"
+    )
+    submit.add_argument("--submits-per-client", type=int, default=40)
+    submit.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     if args.what == "client":
         run_client(args.n)
+    elif args.what == "submit":
+        run_submits(args.submits_per_client, args.rounds)
     else:
         run_fleet(args.duration, args.submits_per_client, args.wake_jobs)
 
