@@ -84,6 +84,11 @@ class RespConnection(Protocol):
 
     def connectionMade(self) -> None:
         self.connected = True
+        # Pipelined small commands: Nagle would hold one back until the previous
+        # one is acknowledged.
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            no_delay(True)
 
     def dataReceived(self, data: bytes) -> None:
         reader = self._reader
