@@ -69,7 +69,7 @@ def test_job_routes_answer_from_either_replica(tmp_path: Path, redis: RedisServe
         )
     )
     with fleet(tmp_path, redis) as (plane, port):
-        plane.wait_ready([MODEL])
+        plane.wait_ready(["gateway", MODEL])
         wait_until(lambda: plane.status()[MODEL]["ready_replicas"] == 2, 60, "both replicas")
         body = {"images": ["aGk="], "params": {"delay_ms": 60000, "steps": 120}}
         code, doc = gw(plane, "alice", "POST", JOBS, body=body)

@@ -28,12 +28,15 @@ IMG = "cmVwbGljYQ=="
 pytestmark = pytest.mark.slow
 
 
-def two_free_ports() -> int:
-    """A port p with p+1 free too (the two replicas' ports)."""
+def two_free_ports(avoid: tuple[int, ...] = ()) -> int:
+    """A port p with p+1 free too (the two replicas' ports), neither in ``avoid``
+    (ports already handed out but not bound yet are free to the OS too)."""
     import socket
 
     for _ in range(50):
         port = free_port()
+        if port in avoid or port + 1 in avoid:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port + 1))
@@ -45,7 +48,9 @@ def two_free_ports() -> int:
 
 @contextmanager
 def fleet(tmp: Path, redis: RedisServer) -> Iterator[tuple[ControlPlane, int]]:
-    api_port, gw_port, port = free_port(), free_port(), two_free_ports()
+    api_port = free_port()
+    gw_port = next(p for p in iter(free_port, None) if p != api_port)
+    port = two_free_ports(avoid=(api_port, gw_port))
     conf = tmp / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "mortred.toml").write_text(
@@ -112,7 +117,7 @@ def test_two_replicas_behind_the_gateway_share_200_jobs(tmp_path: Path, redis) -
     job ends done once; status shows the two replicas; with one replica stopped,
     submits still succeed (the gateway skips the refusing one)."""
     with fleet(tmp_path, redis) as (plane, port):
-        status = plane.wait_ready([MODEL])[MODEL]
+        status = plane.wait_ready(["gateway", MODEL])[MODEL]
         assert [r["id"] for r in status["replicas"]] == [f"{MODEL}@1", f"{MODEL}@2"]
         wait_until(lambda: plane.status()[MODEL]["ready_replicas"] == 2, 60, "both replicas")
         table = io.StringIO()
