@@ -80,28 +80,6 @@ end
 local function depth()
   return tonumber(redis.call('GET', P .. 'depth') or '0')
 end
--- The one non-terminal -> terminal transition (callers check the state first).
-local function terminate(id, state, result, err, ttl_ms, max_completed)
-  local key = P .. 'job:' .. id
-  redis.call('HSET', key, 'state', state, 'completed', now_ms_text())
-  if result then redis.call('HSET', key, 'result', result) end
-  if err then redis.call('HSET', key, 'error', err) end
-  redis.call('HDEL', key, 'request', 'owner')
-  redis.call('DECR', P .. 'depth')
-  redis.call('ZREM', P .. 'pending', id)
-  redis.call('ZREM', P .. 'leases', id)
-  redis.call('ZADD', P .. 'done', use_mark(), id)
-  if ttl_ms > 0 then
-    redis.call('PEXPIRE', key, ttl_ms)
-    local idem = redis.call('HGET', key, 'idem')
-    if idem then redis.call('PEXPIRE', idem, ttl_ms) end
-  end
-  local over = redis.call('ZCARD', P .. 'done') - max_completed
-  if over > 0 then
-    for _, old in ipairs(redis.call('ZRANGE', P .. 'done', 0, over - 1)) do forget(old) end
-  end
-  redis.call('PUBLISH', P .. 'events', 't ' .. id)
-end
 -- A job's status fields: {state, task, created, started, completed, error, progress,
 -- attempt, now, cancel, queue position (pending: 1 = next; else 0)} or false.
 local function view(id)
@@ -123,6 +101,35 @@ local function view(id)
     end
   end
   return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now_ms(), f[9] or '', position}
+end
+-- The one non-terminal -> terminal transition (callers check the state first).
+local function terminate(id, state, result, err, ttl_ms, max_completed)
+  local key = P .. 'job:' .. id
+  redis.call('HSET', key, 'state', state, 'completed', now_ms_text())
+  if result then redis.call('HSET', key, 'result', result) end
+  if err then redis.call('HSET', key, 'error', err) end
+  redis.call('HDEL', key, 'request', 'owner')
+  redis.call('DECR', P .. 'depth')
+  redis.call('ZREM', P .. 'pending', id)
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('ZADD', P .. 'done', use_mark(), id)
+  if ttl_ms > 0 then
+    redis.call('PEXPIRE', key, ttl_ms)
+    local idem = redis.call('HGET', key, 'idem')
+    if idem then redis.call('PEXPIRE', idem, ttl_ms) end
+  end
+  local over = redis.call('ZCARD', P .. 'done') - max_completed
+  if over > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', P .. 'done', 0, over - 1)) do forget(old) end
+  end
+  -- The event carries the job's terminal view, so a replica whose waiters it wakes
+  -- answers them without reading the job again (one round trip less per wake-up).
+  local v = view(id)
+  if v then
+    redis.call('PUBLISH', P .. 'events', 't ' .. id .. ' ' .. cjson.encode(v))
+  else
+    redis.call('PUBLISH', P .. 'events', 't ' .. id)
+  end
 end
 local function requeue(id, key, attempt)
   redis.call('HSET', key, 'state', 'pending', 'attempt', attempt)

@@ -11,7 +11,10 @@ by any other replica's :meth:`maintain` with ``attempt + 1``, up to
 Events: every terminal transition is published on the model's channel and
 becomes ``count_by_name(job_id)`` on this process's
 :class:`~mortred_twisted.runtime.counters.NamedCounters`, so a ``/wait`` parked
-on any replica wakes when any replica ends the job. After each (re)subscription
+on any replica wakes when any replica ends the job. The event carries the job's
+terminal view, which answers the woken waiters' :meth:`snapshot` while the event is
+delivered (no second round trip); one that does not decode to a terminal snapshot is
+ignored and they read Redis. After each (re)subscription
 the jobs that local waiters wait for are re-read and the terminal ones counted:
 no event is lost between subscribing and reading. "Queued" events call
 ``on_queued`` (the runner's :meth:`~mortred_twisted.runtime.runner.JobRunner.kick`).
@@ -25,6 +28,7 @@ Thread contract: reactor thread, except :meth:`set_progress` (any thread).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Callable
@@ -110,6 +114,8 @@ class RedisJobStore:
         self._depth = 0
         self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
         self._handed_back: set[str] = set()  # its late end must not touch the job
+        #: the views carried by terminal events, each only while its event is delivered
+        self._ended_views: dict[str, JobSnapshot] = {}
         self._stopped = False
         self.link = link_factory(
             reactor,
@@ -269,9 +275,7 @@ class RedisJobStore:
             # Unreadable (written by something else, or damaged): the job ends failed
             # here, once, and the next one is taken; retrying it elsewhere cannot help.
             log.error("job {job}: unreadable request ({e}); failing it", job=job_id, e=exc)
-            ended = self.terminate(
-                job_id, JobState.FAILED, error=f"unreadable job request: {exc}"
-            )
+            ended = self.terminate(job_id, JobState.FAILED, error=f"unreadable job request: {exc}")
             ended.addErrback(lambda f: log.failure("failing job {job}", f, job=job_id))
             return self.claim_next()
         return Claim(job_id, request, int(age_ms), int(attempt))
@@ -319,6 +323,11 @@ class RedisJobStore:
         d.addErrback(lambda _f: None)  # progress is best effort
 
     def snapshot(self, job_id: str) -> Deferred[JobSnapshot | None]:
+        ended = self._ended_views.get(job_id)
+        if ended is not None:  # a terminal view is final: no need to read it again
+            known: Deferred[JobSnapshot | None] = Deferred()
+            known.callback(ended)
+            return known
         return self._script("snapshot", job_id).addCallback(
             lambda reply: decode_snapshot(job_id, reply)
         )
@@ -372,12 +381,21 @@ class RedisJobStore:
 
     def _on_event(self, message: bytes) -> None:
         kind, _, raw = message.partition(b" ")
-        job = raw.decode("utf-8", "replace")
         if kind == b"t":
-            self._counters.count_by_name(job, None)
-            if self.on_change is not None:
-                self.on_change(job)
-        elif kind == b"q" and self.on_queued is not None:
+            job_bytes, _, view = raw.partition(b" ")
+            job = job_bytes.decode("utf-8", "replace")
+            ended = _terminal_view(job, view) if view else None
+            if ended is not None:
+                self._ended_views[job] = ended
+            try:
+                self._counters.count_by_name(job, None)
+                if self.on_change is not None:
+                    self.on_change(job)
+            finally:
+                self._ended_views.pop(job, None)
+            return
+        job = raw.decode("utf-8", "replace")
+        if kind == b"q" and self.on_queued is not None:
             self.on_queued()
         elif kind == b"c" and job in self._held and self.on_cancel is not None:
             self.on_cancel(job)
@@ -401,3 +419,16 @@ class RedisJobStore:
             d.addCallbacks(wake, lambda _f: None)
         if self.on_queued is not None:
             self.on_queued()
+
+
+def _terminal_view(job_id: str, view: bytes) -> JobSnapshot | None:
+    """The snapshot a terminal event carries (``SNAPSHOT``'s fields as JSON, ``false``
+    for a missing field), or None when it is not one: the waiters then read the job."""
+    try:
+        fields = json.loads(view)
+        if not isinstance(fields, list):
+            return None
+        snap = decode_snapshot(job_id, [None if f is False else f for f in fields])
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return snap if snap is not None and snap.terminal else None

@@ -334,6 +334,76 @@ async def test_terminal_events_wake_waiters_on_another_replica(
         await a.stop()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_woken_waiter_gets_the_terminal_view_from_the_event(
+    redis: RedisServer, model_id: str, replicas: Callable[..., Any]
+) -> None:
+    """The terminal event carries the job's view: a waiter woken on replica A reads
+    it without another round trip (the snapshot is there at once), equal to what a
+    read from Redis gives; nothing of it is kept once the event is delivered."""
+    counters = NamedCounters()
+    a = redis_store(redis.url, model_id, counters)
+    a.start()
+    try:
+        await a.link.when_connected()
+        b = await replicas()
+        job = await a.submit(REQ)
+        await eventually(_subscribed(a), "replica A's subscription")
+        seen: list[Deferred[Any]] = []
+        woke: Deferred[str] = counters.counter(job)
+        woke.addCallback(lambda name: seen.append(a.snapshot(name)))
+        claim = await b.claim_next()
+        assert await b.terminate(claim.job_id, JobState.FAILED, error="bad \u2603 input")
+        await woke
+        assert seen[0].called, "the woken waiter had to read the job again"
+        carried = await seen[0]
+        await deferLater(reactor, 0, lambda: None)  # the event's delivery has unwound
+        assert a._ended_views == {}
+        read = await a.snapshot(job)
+        assert carried.state is read.state is JobState.FAILED
+        assert (carried.task_id, carried.error, carried.completed_unix, carried.queued_ms) == (
+            read.task_id, read.error, read.completed_unix, read.queued_ms,
+        )  # fmt: skip
+        assert carried.elapsed_ms == read.elapsed_ms
+    finally:
+        await a.stop()
+
+
+@pytest.mark.parametrize(
+    "view",
+    [b"[not json", b'{"state": "done"}', b'["done"]', b'["pending","r","1","","","","","1",2,"",1]',
+     b"\xff\xfe", b"[1,2,3,4,5,6,7,8,9,10,11]", b'["done",[],{},1,2,3,4,5,6,7,8]'],
+    ids=["truncated", "object", "short", "not-terminal", "not-utf8", "numbers", "nested"],
+)  # fmt: skip
+@pytest_twisted.ensureDeferred
+async def test_a_terminal_event_with_an_unusable_view_falls_back_to_a_read(
+    redis: RedisServer, model_id: str, view: bytes
+) -> None:
+    """A malformed or non-terminal view on the channel never becomes an answer:
+    it is ignored, the waiter reads the job from Redis (here: still pending), and
+    the subscriber keeps working."""
+    counters = NamedCounters()
+    a = redis_store(redis.url, model_id, counters)
+    a.start()
+    try:
+        await a.link.when_connected()
+        job = await a.submit(REQ)
+        await eventually(_subscribed(a), "replica A's subscription")
+        seen: list[Deferred[Any]] = []
+        woke: Deferred[str] = counters.counter(job)
+        woke.addCallback(lambda name: seen.append(a.snapshot(name)))
+        channel = f"mortred:{{{model_id}}}:events"
+        await a.link.call("PUBLISH", channel, b"t " + job.encode() + b" " + view)
+        await woke
+        assert not seen[0].called
+        assert (await seen[0]).state is JobState.PENDING
+        again: Deferred[str] = counters.counter(job)
+        await a.link.call("PUBLISH", channel, b"t " + job.encode())
+        assert await again == job
+    finally:
+        await a.stop()
+
+
 def _subscribed(store: RedisJobStore) -> Callable[[], Any]:
     async def check() -> bool:
         return store.link._sub is not None
