@@ -24,7 +24,9 @@ CPU 1 (as ``bench/async_api.py`` pins its server and client), and print the
 replica's own CPU per submit (``/proc``). With 32 closed-loop submitters the
 latency is about 32 × that cost, so the same run also measures a yardstick: a bare
 ``twisted.web`` resource answering fixed bytes (``bench/bare_server.py``) on the
-same core, 32 connections — what this machine allows the smallest possible answer.
+same core, 32 connections — what this machine allows the smallest possible answer —
+and the same answer from the gateway's own llhttp server (``gateway/server.py``), the
+cost a model port would have on that stack.
 
 Prints Markdown tables; nothing here is a pass/fail test.
 """
@@ -323,8 +325,14 @@ def pinned_submits(fleet: Fleet, redis_pid: int, per_client: int) -> tuple[Any, 
     return stats, cpu_us
 
 
-def yardstick(per_client: int) -> tuple[Any, float]:
-    """Bare twisted.web on CPU 0, 32 connections from CPU 1 (see the docstring)."""
+#: The bare servers measured beside the submits: the stack the model ports run on, and
+#: the gateway's llhttp server (what a model port on it could at best save).
+YARDSTICKS = (("twisted", "twisted.web"), ("llhttp", "llhttp (the gateway's server)"))
+
+
+def yardstick(per_client: int, stack: str = "twisted") -> tuple[Any, float]:
+    """A bare server (``stack``: ``twisted`` or ``llhttp``, see ``bench/bare_server.py``)
+    on CPU 0, 32 connections from CPU 1 (see the docstring)."""
     import asyncio
     import os
     import subprocess
@@ -338,7 +346,7 @@ def yardstick(per_client: int) -> tuple[Any, float]:
         body.flush()
         bare = subprocess.Popen(
             ["taskset", "-c", "0", sys.executable, str(ROOT / "bench" / "bare_server.py"),
-             str(port), body.name],
+             str(port), body.name, stack],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert bare.stdout is not None
@@ -425,10 +433,10 @@ def run_fleet(duration: float, per_client: int, wake_jobs: int) -> None:
                                      stats, f"{cpu_us:.0f} µs"))  # fmt: skip
                 finally:
                     fleet.stop()
-        stats, cpu_us = yardstick(per_client)
-        rows.append(
-            ("—", "yardstick: bare twisted.web GET ×32 (pinned)", stats, f"{cpu_us:.0f} µs")
-        )
+        for stack, name in YARDSTICKS:
+            stats, cpu_us = yardstick(per_client, stack)
+            label = f"yardstick: bare {name} GET ×32 (pinned)"
+            rows.append(("—", label, stats, f"{cpu_us:.0f} µs"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(
@@ -466,8 +474,9 @@ def run_submits(per_client: int, rounds: int) -> None:
                         results.append((f"{store} store, submit ×32", stats, cpu))
                     finally:
                         fleet.stop()
-            stats, cpu = yardstick(per_client)
-            results.append(("bare twisted.web GET ×32", stats, cpu))
+            for stack, name in YARDSTICKS:
+                stats, cpu = yardstick(per_client, stack)
+                results.append((f"bare {name} GET ×32", stats, cpu))
             for what, st, cpu in results:
                 print(
                     f"| {r} | {what} | {st.count} | {st.pct(50):.2f} | {st.pct(99):.2f} "
