@@ -19,7 +19,9 @@ replica, 40 submits each), and wake latency (the job's ``completed_at`` to the
 waiter having its answer; with two replicas the job runs on one replica and the
 waiter waits on the other, whose only worker is kept busy).
 
-The submit rows pin the replica to CPU 0 and this client and ``redis-server`` to
+The model ports run the default ``http_server = "llhttp"``; the ``submit`` subcommand
+adds a Redis row with ``http_server = "twisted"`` for comparison. The submit rows pin
+the replica to CPU 0 and this client and ``redis-server`` to
 CPU 1 (as ``bench/async_api.py`` pins its server and client), and print the
 replica's own CPU per submit (``/proc``). With 32 closed-loop submitters the
 latency is about 32 × that cost, so the same run also measures a yardstick: a bare
@@ -117,6 +119,7 @@ async_enabled = true
 async_max_queue = 100000
 async_max_completed = 100000
 job_store = "{store}"
+http_server = "{http}"
 
 [model]
 type = "fake"
@@ -150,7 +153,15 @@ def _consecutive_free_ports(n: int) -> int:
 class Fleet:
     """A supervisor with the gateway and ``replicas`` processes of one bench id."""
 
-    def __init__(self, tmp: Path, redis_url: str, model_id: str, store: str, replicas: int):
+    def __init__(
+        self,
+        tmp: Path,
+        redis_url: str,
+        model_id: str,
+        store: str,
+        replicas: int,
+        http_server: str = "llhttp",
+    ):
         import os
         import subprocess
 
@@ -162,7 +173,8 @@ class Fleet:
         self.replicas = replicas
         catalog = tmp / model_id / "conf" / "server"
         catalog.mkdir(parents=True)
-        (catalog / "bench.toml").write_text(SERVER_TOML.format(id=model_id, store=store, root=ROOT))
+        toml = SERVER_TOML.format(id=model_id, store=store, root=ROOT, http=http_server)
+        (catalog / "bench.toml").write_text(toml)
         control = catalog.parent / "mortred.toml"
         control.write_text(
             f'[supervisor]\ncatalog_dir = "{catalog}"\napi_port = {self.api_port}\n'
@@ -451,6 +463,11 @@ def run_fleet(duration: float, per_client: int, wake_jobs: int) -> None:
         )
 
 
+#: (job store, the model port's http_server) of the ``submit`` rows: the default
+#: server on both stores, and Redis on twisted.web for comparison.
+SUBMIT_SETUPS = (("memory", "llhttp"), ("redis", "llhttp"), ("redis", "twisted"))
+
+
 def run_submits(per_client: int, rounds: int) -> None:
     """The submit rows alone, ``rounds`` times each (fresh processes per round)."""
     import shutil
@@ -466,12 +483,12 @@ def run_submits(per_client: int, rounds: int) -> None:
             results = []
             with redis_server() as redis:
                 assert redis.process is not None
-                for store in ("memory", "redis"):
-                    fleet = Fleet(tmp, redis.url, f"S{r}_{store}", store, 1)
+                for store, http in SUBMIT_SETUPS:
+                    fleet = Fleet(tmp, redis.url, f"S{r}_{store}_{http}", store, 1, http)
                     try:
                         fleet.wait_ready()
                         stats, cpu = pinned_submits(fleet, redis.process.pid, per_client)
-                        results.append((f"{store} store, submit ×32", stats, cpu))
+                        results.append((f"{store} store, {http}, submit ×32", stats, cpu))
                     finally:
                         fleet.stop()
             for stack, name in YARDSTICKS:
@@ -497,7 +514,8 @@ def main() -> None:
     fleet.add_argument("--submits-per-client", type=int, default=40)
     fleet.add_argument("--wake-jobs", type=int, default=100)
     submit = sub.add_parser(
-        "submit", help="only the pinned submit rows (memory, Redis) and the yardstick"
+        "submit",
+        help="only the pinned submit rows (memory, Redis; Redis on twisted.web) and the yardsticks",
     )
     submit.add_argument("--submits-per-client", type=int, default=40)
     submit.add_argument("--rounds", type=int, default=1)

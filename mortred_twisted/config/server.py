@@ -41,6 +41,7 @@ class ServerConfig:
     server_uri: str = "/infer"
     worker_nums: int = 1
     max_connections: int = 1024
+    http_server: str = "llhttp"  # "llhttp" (gateway's server) or "twisted" (twisted.web)
     peer_resp_timeout: int = 600  # s a connection may wait on its client; 0 = none
     request_size_limit: float = 16.0  # MB
     request_read_timeout: int = 60000  # head + body of one request; 0 = none
@@ -86,6 +87,7 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "server_uri": (str,),
         "worker_nums": (int,),
         "max_connections": (int,),
+        "http_server": (str,),
         "peer_resp_timeout": (int,),
         "request_size_limit": (int, float),
         "request_read_timeout": (int,),
@@ -289,6 +291,9 @@ def build_server_config(
         problems.append(
             f"server.worker_isolation: must be 'thread' or 'process' (got {isolation!r})"
         )
+    http_server = server.get("http_server", "llhttp")
+    if http_server not in ("llhttp", "twisted"):
+        problems.append(f"server.http_server: must be 'llhttp' or 'twisted' (got {http_server!r})")
     problems.extend(job_store_problems(server))
     hosts = server.get("webhook_allowed_hosts", [])
     if isinstance(hosts, list):

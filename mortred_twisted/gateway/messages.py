@@ -116,12 +116,15 @@ class ProxyRequest:
 
 
 class Refusal(Exception):
-    """A request the server refuses itself (status, message), then closes."""
+    """A request the server refuses itself (status, message), then closes.
+    ``response``: the whole answer, when the app decided it (else the server's
+    :meth:`~mortred_twisted.gateway.server.GatewayServerFactory.refusal_response`)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, response: bytes | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.response = response
 
 
 class StreamCut(Exception):
@@ -129,7 +132,9 @@ class StreamCut(Exception):
     closes the connection without the final chunk, so the client sees it cut."""
 
 
-def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:
+def encode_response(
+    request: ProxyRequest, body: bytes, close: bool, server: bytes = _SERVER
+) -> bytes:
     """Status line, headers and body of ``request``'s answer, as one buffer.
 
     ``Content-Length`` is the app's if it set one (a HEAD answer keeps the GET's),
@@ -144,7 +149,7 @@ def encode_response(request: ProxyRequest, body: bytes, close: bool) -> bytes:
             parts += (name, b": ", value, b"\r\n")
     if b"content-length" not in items:
         parts.append(b"Content-Length: %d\r\n" % len(body))
-    parts += (b"Date: ", http_date(), b"\r\nServer: ", _SERVER, b"\r\n")
+    parts += (b"Date: ", http_date(), b"\r\nServer: ", server, b"\r\n")
     if close:
         parts.append(b"Connection: close\r\n")
     elif request.clientproto == b"HTTP/1.0":
@@ -171,11 +176,11 @@ def _head(request: ProxyRequest, skip: frozenset[bytes]) -> list[bytes]:
     return parts
 
 
-def encode_stream_head(request: ProxyRequest, chunked: bool) -> bytes:
+def encode_stream_head(request: ProxyRequest, chunked: bool, server: bytes = _SERVER) -> bytes:
     """The head of a streamed answer: ``Transfer-Encoding: chunked`` (HTTP/1.1), or
     no framing and ``Connection: close`` (HTTP/1.0: the close ends the body)."""
     parts = _head(request, _STREAM_OWNED)
-    parts += (b"Date: ", http_date(), b"\r\nServer: ", _SERVER, b"\r\n")
+    parts += (b"Date: ", http_date(), b"\r\nServer: ", server, b"\r\n")
     parts.append(b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n")
     return b"".join(parts)
 
@@ -188,7 +193,7 @@ def encode_chunk(data: bytes) -> bytes:
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-def error_response(status: int, message: str) -> bytes:
+def error_response(status: int, message: str, server: bytes = _SERVER) -> bytes:
     """A server-made JSON error that closes the connection."""
     body = json.dumps({"error": message}).encode("utf-8")
     return b"".join(
@@ -196,7 +201,7 @@ def error_response(status: int, message: str) -> bytes:
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error")),
             b"Content-Type: ", _JSON, b"\r\nCache-Control: no-store\r\n",
             b"Content-Length: %d\r\nDate: " % len(body), http_date(),
-            b"\r\nServer: ", _SERVER, b"\r\nConnection: close\r\n\r\n", body,
+            b"\r\nServer: ", server, b"\r\nConnection: close\r\n\r\n", body,
         )
     )  # fmt: skip
 

@@ -40,7 +40,9 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   still incomplete ``read_timeout_s`` after its first byte, or a body still
   incomplete ``read_timeout_s`` after its head, is answered 408 (a client
   trickling bytes cannot hold a connection); a connection silent for
-  ``idle_timeout_s`` between requests is closed. A request in progress (a long
+  ``idle_timeout_s`` between requests is closed. A connection the server closes
+  is aborted :data:`ABORT_TIMEOUT_S` later if its last answer is still unread (a
+  client that stops reading cannot hold it open). A request in progress (a long
   ``/wait``) is never timed out here; a request read behind it gets its deadline
   from the moment it is next in line.
 * A client that goes away while its request is forwarded cancels ``dispatch``'s
@@ -107,6 +109,9 @@ IDLE_TIMEOUT_S = 60.0
 #: the end of the head).
 READ_TIMEOUT_S = 60.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: Seconds a closed connection may take to flush its last answer before it is aborted
+#: (twisted.web's ``abortTimeout``): a client that stops reading cannot hold it open.
+ABORT_TIMEOUT_S = 15.0
 
 
 class App(TypingProtocol):
@@ -157,6 +162,7 @@ class GatewayConnection(Protocol):
         self._paused = False
         self._draining = False
         self._peer_address: Any = None
+        self._abort_call: Any = None
         self.last_active = 0.0
 
     def connectionMade(self) -> None:
@@ -216,7 +222,7 @@ class GatewayConnection(Protocol):
         length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
         factory = self.factory
         if length > factory.max_body_bytes:
-            self._stop(Refusal(413, factory.too_large_message))
+            self._stop(factory.too_large(request, length))
         self._request = request
         self._parts = []
         self._body_size = 0
@@ -235,7 +241,8 @@ class GatewayConnection(Protocol):
         self._reads = 0
         self._body_size += len(data)
         if self._body_size > self.factory.max_body_bytes:
-            self._stop(Refusal(413, self.factory.too_large_message))
+            assert self._request is not None
+            self._stop(self.factory.too_large(self._request, self._body_size))
         self._parts.append(data)
 
     def on_message_complete(self) -> None:
@@ -320,7 +327,7 @@ class GatewayConnection(Protocol):
                 item = self._queue.popleft()
                 if item is _REFUSED:
                     assert self._refusal is not None
-                    self._refuse(self._refusal.status, self._refusal.message)
+                    self._refuse(self._refusal)
                     return
                 self._dispatch(*item)
         finally:
@@ -365,7 +372,7 @@ class GatewayConnection(Protocol):
             request.started = True
             if not chunked:
                 request.keep_alive = False  # the close ends the body
-            writer.write(encode_stream_head(request, chunked))
+            writer.write(encode_stream_head(request, chunked, self.factory.server_header))
         if data and request.method != b"HEAD":
             writer.write(encode_chunk(data) if chunked else data)
         self.last_active = self.factory.clock.seconds()
@@ -381,7 +388,7 @@ class GatewayConnection(Protocol):
             if request.clientproto == b"HTTP/1.1":
                 self._writer.write(LAST_CHUNK)
         else:
-            self._writer.write(encode_response(request, body, close))
+            self._writer.write(encode_response(request, body, close, self.factory.server_header))
         if self.factory.access_log:
             self.factory.log_access(self._peer(), request, len(body))
         self._busy = False
@@ -409,11 +416,14 @@ class GatewayConnection(Protocol):
         request.keep_alive = False
         self._answer(b"", request)
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, refusal: Refusal) -> None:
         """Answer a request the server itself refuses, and close."""
         assert self._writer is not None
-        self._writer.write(error_response(status, message))
-        self.factory.refused(status)
+        answer = refusal.response
+        if answer is None:
+            answer = self.factory.refusal_response(refusal.status, refusal.message, self._headers)
+        self._writer.write(answer)
+        self.factory.refused(refusal.status)
         self._close()
 
     def _close(self) -> None:
@@ -422,6 +432,13 @@ class GatewayConnection(Protocol):
         self._queue.clear()
         self._parts = []
         self.transport.loseConnection()
+        if self._abort_call is None:
+            self._abort_call = self.factory.clock.callLater(ABORT_TIMEOUT_S, self._abort)
+
+    def _abort(self) -> None:
+        """The last answer was not read within ``ABORT_TIMEOUT_S`` of the close."""
+        self._abort_call = None
+        self.transport.abortConnection()
 
     def drain(self) -> None:
         """Stop keeping this connection alive (shutdown): closed now when it waits
@@ -456,12 +473,16 @@ class GatewayConnection(Protocol):
             if self._since < read_before:
                 what = "head" if self._in_head else "body"
                 self._stopped = True
-                self._refuse(408, f"request {what} not received in time")
+                self._refuse(Refusal(408, f"request {what} not received in time"))
         elif self.last_active < idle_before:
             self._close()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
         self._closed = self._stopped = True
+        if self._abort_call is not None:
+            if self._abort_call.active():
+                self._abort_call.cancel()
+            self._abort_call = None
         self._queue.clear()
         self.factory.forget(self)
         pending, self._pending = self._pending, None
@@ -476,6 +497,8 @@ class GatewayServerFactory(Factory):
     the deadline sweep. ``clock`` is the reactor (``task.Clock`` in tests)."""
 
     noisy = False
+    #: the ``Server`` header of every answer
+    server_header = b"mortred-gateway"
 
     def __init__(
         self,
@@ -536,6 +559,15 @@ class GatewayServerFactory(Factory):
         d: defer.Deferred[None] = defer.Deferred()
         self._empty_waiters.append(d)
         return d
+
+    def too_large(self, request: ProxyRequest, length: int) -> Refusal:
+        """The refusal of a body over ``max_body_bytes`` (declared, or read so far)."""
+        return Refusal(413, self.too_large_message)
+
+    def refusal_response(self, status: int, message: str, headers: HeaderMap) -> bytes:
+        """The answer to a request the server refuses itself; ``headers``: those of
+        the request being read (empty when the refusal came before them)."""
+        return error_response(status, message, self.server_header)
 
     def refused(self, status: int) -> None:
         if self._on_refused is not None:

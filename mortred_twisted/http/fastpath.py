@@ -56,7 +56,9 @@ class FastRoutes(Resource):
         self._wait = wait
         self._result = result
 
-    def _match(self, request: IRequest) -> tuple[Handler, dict[str, str]] | None:
+    def match(self, request: Any) -> tuple[Handler, dict[str, str]] | None:
+        """The hot route's (instrumented) handler and its arguments, or None; reads
+        only ``request.path`` and ``request.method`` (also used by the llhttp port)."""
         path = request.path.rstrip(b"/") or b"/"
         method = request.method
         if method == b"POST":
@@ -80,7 +82,7 @@ class FastRoutes(Resource):
         return None
 
     def render(self, request: IRequest) -> Any:
-        matched = self._match(request)
+        matched = self.match(request)
         if matched is None:
             if not request.postpath:
                 request.postpath = [unquote(seg) for seg in request.path[1:].split(b"/")]

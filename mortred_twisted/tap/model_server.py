@@ -32,7 +32,9 @@ from twisted.python import usage
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.auth import is_loopback_host
+from mortred_twisted.http.envelope import new_request_id
 from mortred_twisted.http.limits import LimitedSite
+from mortred_twisted.http.model_port import ModelPortApp, ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.http.ratelimit import RateLimiter
 from mortred_twisted.metrics.server import ServerMetrics
@@ -90,28 +92,13 @@ class ModelServerService(Service):
         self._grace_s = grace_s
         self._access_log = access_log
         self._port: Any = None
-        self._site: LimitedSite | None = None
+        self._site: LimitedSite | ModelPortFactory | None = None
         self.listening: Deferred[Any] = Deferred()
 
     def startService(self) -> None:
         super().startService()
         cfg = self.runtime.config
-        site = LimitedSite(
-            self.app.resource(),
-            cfg.request_size_limit_bytes,
-            self.app.early_reject,
-            access_log=self._access_log,
-            on_finished=self.app.record_request,
-            max_connections=cfg.max_connections,
-            read_timeout_s=cfg.request_read_timeout / 1000.0,
-            # peer_resp_timeout (s; 0 = none), as Workflow's peer_response_timeout
-            # bounds each read/write towards the client: a connection waiting on its
-            # client (idle between requests, or silent mid-request) that long is
-            # closed; never while a request is being handled (a long wait or run).
-            # The site's sweep applies it (not twisted.web's per-request timer).
-            idle_timeout_s=float(cfg.peer_resp_timeout),
-            reactor=self._reactor,
-        )
+        site = self._build_site(cfg)
         self._site = site
         host = cfg.host.replace(":", "\\:")
         endpoint = serverFromString(self._reactor, f"tcp:{cfg.port}:interface={host}:backlog=128")
@@ -156,6 +143,39 @@ class ModelServerService(Service):
         the life of the process (~60k objects, 12-35 ms a collection, measured)."""
         gc.freeze()
         return result
+
+    def _build_site(self, cfg: ServerConfig) -> LimitedSite | ModelPortFactory:
+        """The port's server: llhttp (:mod:`~mortred_twisted.http.model_port`) or
+        twisted.web (:class:`LimitedSite`), per ``http_server``; same routes,
+        limits and deadlines."""
+        # peer_resp_timeout (s; 0 = none), as Workflow's peer_response_timeout
+        # bounds each read/write towards the client: a connection waiting on its
+        # client (idle between requests, or silent mid-request) that long is
+        # closed; never while a request is being handled (a long wait or run).
+        # The server's sweep applies it (no timer per request).
+        if cfg.http_server == "llhttp":
+            return ModelPortFactory(
+                ModelPortApp(self.app, on_finished=self.app.record_request),
+                clock=self._reactor,
+                body_limit=cfg.request_size_limit_bytes,
+                early_reject=self.app.early_reject,
+                request_id=new_request_id,
+                max_connections=cfg.max_connections,
+                read_timeout_s=cfg.request_read_timeout / 1000.0,
+                idle_timeout_s=float(cfg.peer_resp_timeout),
+                access_log=self._access_log,
+            )
+        return LimitedSite(
+            self.app.resource(),
+            cfg.request_size_limit_bytes,
+            self.app.early_reject,
+            access_log=self._access_log,
+            on_finished=self.app.record_request,
+            max_connections=cfg.max_connections,
+            read_timeout_s=cfg.request_read_timeout / 1000.0,
+            idle_timeout_s=float(cfg.peer_resp_timeout),
+            reactor=self._reactor,
+        )
 
     def stopService(self) -> Deferred[None]:
         super().stopService()

@@ -92,3 +92,15 @@ def test_server_uri_may_not_shadow_jobs() -> None:
     doc = {"server": {"id": "X", "server_uri": "/jobs"}, "model": {"type": "fake"}}
     with pytest.raises(ConfigErrors, match="shadow"):
         build_server_config(doc, env={})
+
+
+def test_http_server_is_llhttp_unless_set_to_twisted() -> None:
+    """``http_server`` picks the model port's HTTP server; anything else is refused
+    with the choices."""
+    doc = {"server": {"id": "X"}, "model": {"type": "fake"}}
+    assert build_server_config(doc, env={}).http_server == "llhttp"
+    env = {"MORTRED_HTTP_SERVER": "twisted"}
+    assert build_server_config(doc, env=env).http_server == "twisted"
+    bad = {"server": {"id": "X", "http_server": "h11"}, "model": {"type": "fake"}}
+    with pytest.raises(ConfigErrors, match="must be 'llhttp' or 'twisted'"):
+        build_server_config(bad, env={})

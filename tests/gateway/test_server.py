@@ -421,7 +421,8 @@ def test_idle_connections_are_swept_but_not_busy_ones() -> None:
     assert c.transport.disconnecting and c.out() == b""  # idle: closed without a word
     assert not busy.transport.disconnecting
     c.factory.doStop()
-    assert not c.clock.getDelayedCalls()
+    c.proto.connectionLost(None)  # the close completes
+    assert not c.clock.getDelayedCalls()  # neither the sweep nor the abort timer
 
 
 def test_a_trickled_head_gets_408() -> None:

@@ -1,0 +1,253 @@
+"""The model port on llhttp: the gateway's HTTP/1.1 server serving the model's routes.
+
+``[server] http_server = "llhttp"`` (the default; ``"twisted"`` keeps twisted.web,
+:mod:`~mortred_twisted.http.limits`) serves a model port with
+:class:`~mortred_twisted.gateway.server.GatewayServerFactory`'s connections: llhttp
+framing and the RFC rules of :func:`~mortred_twisted.gateway.messages.check_head`,
+pipelining answered in order, read and idle deadlines by one sweep, a connection
+cap, streamed answers (job events) and cancel-on-disconnect. twisted.web's channel,
+``Request`` and response writing were most of a small request's CPU on a model port
+(a Redis submit ~300 → ~180 µs, measured: docs/benchmarks.md).
+
+The routes and handlers are the model server's own (:class:`ModelServerApp`):
+
+* the hot routes (submit, status, wait, result, sync infer) are matched by hand with
+  :meth:`~mortred_twisted.http.fastpath.FastRoutes.match`, as on twisted.web;
+* every other request is matched with the Klein app's own werkzeug map and runs the
+  endpoint Klein would run (404 and 405 through the same error handlers; a
+  non-UTF-8 path is a 400 as in Klein).
+
+Handlers see a :class:`ModelPortRequest`: the part of ``IRequest`` they use. What
+twisted.web's site added is kept: a declared or growing body over
+``request_size_limit`` is answered by the app's ``early_reject`` (405 → 401 → 415
+→ 413), refusals carry ``X-Request-ID`` (the client's, else a fresh one), every
+finished request is counted by ``on_finished`` (metrics), and :meth:`when_idle`
+tells a stopping server when no request is in flight.
+
+Thread contract: reactor thread only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, unquote_to_bytes
+
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+from mortred_twisted.gateway.messages import HeaderMap, ProxyRequest, Refusal
+from mortred_twisted.gateway.server import GatewayServerFactory
+from mortred_twisted.http.framing import EarlyResponse, response_bytes
+from mortred_twisted.http.limits import EarlyReject
+
+log = Logger()
+
+#: The ``Server`` header of a model port's answers.
+SERVER_HEADER = b"mortred-model"
+
+
+class ModelPortRequest:
+    """One request as the model server's handlers see it on the llhttp port (the
+    ``IRequest`` subset they read and write). Handlers may set attributes of their
+    own on it (route label, start time, request id)."""
+
+    def __init__(self, proxy: ProxyRequest) -> None:
+        self._proxy = proxy
+        self.method = proxy.method
+        self.uri = proxy.uri
+        self.path = proxy.path
+        self.clientproto = proxy.clientproto
+        self.requestHeaders = proxy.requestHeaders
+        self.responseHeaders = proxy.responseHeaders
+        self.content = proxy.content if proxy.content is not None else io.BytesIO(b"")
+        self.code = 200
+        self._args: dict[bytes, list[bytes]] | None = None
+
+    @property
+    def args(self) -> dict[bytes, list[bytes]]:
+        """The query's arguments (blank values kept), as twisted.web's ``args``."""
+        if self._args is None:
+            query = self.uri.partition(b"?")[2]
+            self._args = parse_qs(query, keep_blank_values=True) if query else {}
+        return self._args
+
+    def getHeader(self, name: bytes) -> bytes | None:
+        return self._proxy.getHeader(name)
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        self._proxy.setHeader(name, value)
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = self._proxy.code = code
+
+    def getClientAddress(self) -> Any:
+        return self._proxy.peer
+
+    def write(self, data: bytes) -> None:
+        """The next piece of a streamed answer (the head goes out with the first)."""
+        self._proxy.write(data)
+
+
+class ModelPortApp:
+    """``dispatch`` for the gateway server: the model server's routes (see the module
+    docstring). ``app`` is a :class:`~mortred_twisted.http.model_server.ModelServerApp`."""
+
+    def __init__(self, app: Any, on_finished: Callable[[Any], None] | None = None) -> None:
+        self._app = app
+        self._hot = app.resource()  # FastRoutes: the hand-matched hot routes
+        self._klein = app.app  # the Klein app: its werkzeug map and endpoints
+        self._on_finished = on_finished
+        self._active = 0
+        self._idle_waiters: list[Deferred[None]] = []
+
+    # -- in flight ------------------------------------------------------------------
+
+    @property
+    def active_requests(self) -> int:
+        return self._active
+
+    def when_idle(self) -> Deferred[None]:
+        """Fires once no request is being processed (at once if none is)."""
+        if not self._active:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._idle_waiters.append(d)
+        return d
+
+    def _finished(self, request: ModelPortRequest) -> None:
+        self._active -= 1
+        if self._on_finished is not None:
+            try:
+                self._on_finished(request)
+            except Exception:
+                log.failure("counting a finished request failed")
+        if not self._active:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for d in waiters:
+                d.callback(None)
+
+    # -- dispatch -------------------------------------------------------------------
+
+    def dispatch(self, proxy: ProxyRequest) -> bytes | Deferred[bytes]:
+        request = ModelPortRequest(proxy)
+        self._active += 1
+        try:
+            outcome = self._route(request)
+        except BaseException:
+            self._finished(request)
+            raise
+        if not isinstance(outcome, Deferred):
+            self._finished(request)
+            return outcome
+
+        def done(result: Any) -> Any:
+            if isinstance(result, Failure) and not result.check(CancelledError):
+                request.code = 500  # what the server answers (or the stream was cut)
+            self._finished(request)
+            return result
+
+        return outcome.addBoth(done)
+
+    def _route(self, request: ModelPortRequest) -> bytes | Deferred[bytes]:
+        matched = self._hot.match(request)
+        if matched is not None:
+            handler, kwargs = matched
+            return handler(request, **kwargs)
+        try:
+            path_info = unquote_to_bytes(request.path).decode("utf-8")
+        except UnicodeDecodeError:
+            request.setResponseCode(400)
+            request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+            return b"Non-UTF-8 encoding in URL."
+        mapper = self._klein.url_map.bind(
+            "localhost", path_info=path_info, default_method=request.method.decode("latin-1")
+        )
+        try:
+            rule, kwargs = mapper.match(return_rule=True)
+        except MethodNotAllowed as exc:
+            return self._app._method_not_allowed(request, Failure(exc))
+        except NotFound as exc:
+            return self._app._not_found(request, Failure(exc))
+        return self._klein.execute_endpoint(rule.endpoint, request, **kwargs)
+
+
+class ModelPortFactory(GatewayServerFactory):
+    """The gateway server's factory with a model port's policies: the app's
+    ``early_reject`` answer to a body over the limit, refusals shaped as the model
+    port's (JSON, ``X-Request-ID``), ``Server: mortred-model``, and deadlines as
+    ``LimitedSite`` keeps them (``0`` = none; the sweep runs every quarter of the
+    shorter one, at most every second)."""
+
+    server_header = SERVER_HEADER
+
+    def __init__(
+        self,
+        app: ModelPortApp,
+        *,
+        clock: Any,
+        body_limit: int,
+        early_reject: EarlyReject,
+        request_id: Callable[[], str],
+        max_connections: int = 0,
+        read_timeout_s: float = 60.0,
+        idle_timeout_s: float = 0.0,
+        access_log: bool = False,
+    ) -> None:
+        super().__init__(
+            app,
+            clock=clock,
+            max_body_bytes=body_limit,
+            max_connections=max_connections,
+            idle_timeout_s=idle_timeout_s,
+            read_timeout_s=read_timeout_s,
+            access_log=access_log,
+        )
+        self.port_app = app
+        self._early_reject = early_reject
+        self._request_id = request_id
+
+    def when_idle(self) -> Deferred[None]:
+        return self.port_app.when_idle()
+
+    def too_large(self, request: ProxyRequest, length: int) -> Refusal:
+        answer: EarlyResponse = self._early_reject(
+            request.method, request.uri, request.requestHeaders, length
+        )
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            "Cache-Control": "no-store",
+            **answer.headers,
+        }
+        return Refusal(answer.status, "", response_bytes(answer.status, answer.body, headers))
+
+    def refusal_response(self, status: int, message: str, headers: HeaderMap) -> bytes:
+        given = headers.getRawHeaders(b"x-request-id", [b""])[0]
+        rid = given.decode("utf-8", "replace")[:256] if given else self._request_id()
+        body = json.dumps({"error": message}).encode("utf-8")
+        answer = {
+            "Content-Type": "application/json; charset=utf-8",
+            "Cache-Control": "no-store",
+            "X-Request-ID": rid,
+        }
+        return response_bytes(status, body, answer)
+
+    def sweep(self) -> None:
+        now = self.clock.seconds()
+        never = float("-inf")
+        idle_before = now - self.idle_timeout_s if self.idle_timeout_s > 0 else never
+        read_before = now - self.read_timeout_s if self.read_timeout_s > 0 else never
+        for conn in list(self.connections):
+            conn.expire(idle_before, read_before)
+
+    def startFactory(self) -> None:
+        deadlines = [t for t in (self.read_timeout_s, self.idle_timeout_s) if t > 0]
+        if deadlines and self._sweeper is None:
+            self._sweeper = LoopingCall(self.sweep)
+            self._sweeper.clock = self.clock
+            self._sweeper.start(min(1.0, min(deadlines) / 4), now=False)
