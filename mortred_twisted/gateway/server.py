@@ -499,6 +499,10 @@ class GatewayServerFactory(Factory):
     noisy = False
     #: the ``Server`` header of every answer
     server_header = b"mortred-gateway"
+    #: the deadline sweep's period: this fraction of the shorter deadline, at most
+    #: ``sweep_max_period_s`` (a deadline is met within that fraction of it)
+    sweep_fraction = 0.5
+    sweep_max_period_s = 5.0
 
     def __init__(
         self,
@@ -586,15 +590,21 @@ class GatewayServerFactory(Factory):
         )
 
     def sweep(self) -> None:
-        """Expire connections idle, or slow to send a head or a body."""
+        """Expire connections idle, or slow to send a head or a body (a deadline of 0
+        is none)."""
         now = self.clock.seconds()
-        idle_before, read_before = now - self.idle_timeout_s, now - self.read_timeout_s
+        never = float("-inf")
+        idle_before = now - self.idle_timeout_s if self.idle_timeout_s > 0 else never
+        read_before = now - self.read_timeout_s if self.read_timeout_s > 0 else never
         for conn in list(self.connections):
             conn.expire(idle_before, read_before)
 
     def startFactory(self) -> None:
-        if self.idle_timeout_s > 0 and self._sweeper is None:
-            period = min(5.0, self.idle_timeout_s / 2, self.read_timeout_s / 2)
+        """Sweep every ``sweep_fraction`` of the shorter deadline, at most every
+        ``sweep_max_period_s``; no sweep when there is no deadline."""
+        deadlines = [t for t in (self.idle_timeout_s, self.read_timeout_s) if t > 0]
+        if deadlines and self._sweeper is None:
+            period = min(self.sweep_max_period_s, min(deadlines) * self.sweep_fraction)
             self._sweeper = LoopingCall(self.sweep)
             self._sweeper.clock = self.clock
             self._sweeper.start(period, now=False)

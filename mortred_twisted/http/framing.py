@@ -95,6 +95,26 @@ def response_bytes(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+def refusal_bytes(
+    status: int,
+    body: bytes,
+    extra: Mapping[str, str],
+    given_id: bytes | None,
+    make_id: Callable[[], str] | None,
+) -> bytes:
+    """A model port's refusal (any of its servers): JSON, ``no-store``, ``extra``
+    headers, an ``X-Request-ID`` (``extra``'s, else the client's ``given_id`` cut to
+    256 characters, else ``make_id()``), then ``Connection: close``."""
+    headers = {"Content-Type": "application/json; charset=utf-8", "Cache-Control": "no-store"}
+    headers.update(extra)
+    if "X-Request-ID" not in headers:
+        if given_id:
+            headers["X-Request-ID"] = given_id.decode("utf-8", "replace")[:256]
+        elif make_id is not None:
+            headers["X-Request-ID"] = make_id()
+    return response_bytes(status, body, headers)
+
+
 @dataclass(frozen=True)
 class EarlyResponse:
     """A complete response decided from the request line and headers alone (the
@@ -276,19 +296,9 @@ class FramingChannel(HTTPChannel):
             return
         self.refused = True
         self.reading_since = None
-        headers = {
-            "Content-Type": "application/json; charset=utf-8",
-            "Cache-Control": "no-store",
-            **extra,
-        }
-        if "X-Request-ID" not in headers:
-            given = self.requests[-1].getHeader(b"x-request-id") if self.requests else None
-            make_id: Callable[[], str] | None = getattr(self.site, "request_id", None)
-            if given:
-                headers["X-Request-ID"] = given.decode("utf-8", "replace")[:256]
-            elif make_id is not None:
-                headers["X-Request-ID"] = make_id()
-        self.transport.write(response_bytes(status, body, headers))
+        given = self.requests[-1].getHeader(b"x-request-id") if self.requests else None
+        make_id: Callable[[], str] | None = getattr(self.site, "request_id", None)
+        self.transport.write(refusal_bytes(status, body, extra, given, make_id))
         self.loseConnection()
 
     def expire(self, reading: float | None, idle: float | None) -> None:

@@ -36,14 +36,13 @@ from typing import Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mortred_twisted.gateway.messages import HeaderMap, ProxyRequest, Refusal
 from mortred_twisted.gateway.server import GatewayServerFactory
-from mortred_twisted.http.framing import EarlyResponse, response_bytes
+from mortred_twisted.http.framing import EarlyResponse, refusal_bytes
 from mortred_twisted.http.limits import EarlyReject
 
 log = Logger()
@@ -180,11 +179,13 @@ class ModelPortApp:
 class ModelPortFactory(GatewayServerFactory):
     """The gateway server's factory with a model port's policies: the app's
     ``early_reject`` answer to a body over the limit, refusals shaped as the model
-    port's (JSON, ``X-Request-ID``), ``Server: mortred-model``, and deadlines as
-    ``LimitedSite`` keeps them (``0`` = none; the sweep runs every quarter of the
-    shorter one, at most every second)."""
+    port's (JSON, ``X-Request-ID``), ``Server: mortred-model``, and deadlines swept
+    as ``LimitedSite`` sweeps them (every quarter of the shorter one, at most every
+    second)."""
 
     server_header = SERVER_HEADER
+    sweep_fraction = 0.25
+    sweep_max_period_s = 1.0
 
     def __init__(
         self,
@@ -219,35 +220,11 @@ class ModelPortFactory(GatewayServerFactory):
         answer: EarlyResponse = self._early_reject(
             request.method, request.uri, request.requestHeaders, length
         )
-        headers = {
-            "Content-Type": "application/json; charset=utf-8",
-            "Cache-Control": "no-store",
-            **answer.headers,
-        }
-        return Refusal(answer.status, "", response_bytes(answer.status, answer.body, headers))
+        given = request.getHeader(b"x-request-id")
+        response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
+        return Refusal(answer.status, "", response)
 
     def refusal_response(self, status: int, message: str, headers: HeaderMap) -> bytes:
-        given = headers.getRawHeaders(b"x-request-id", [b""])[0]
-        rid = given.decode("utf-8", "replace")[:256] if given else self._request_id()
         body = json.dumps({"error": message}).encode("utf-8")
-        answer = {
-            "Content-Type": "application/json; charset=utf-8",
-            "Cache-Control": "no-store",
-            "X-Request-ID": rid,
-        }
-        return response_bytes(status, body, answer)
-
-    def sweep(self) -> None:
-        now = self.clock.seconds()
-        never = float("-inf")
-        idle_before = now - self.idle_timeout_s if self.idle_timeout_s > 0 else never
-        read_before = now - self.read_timeout_s if self.read_timeout_s > 0 else never
-        for conn in list(self.connections):
-            conn.expire(idle_before, read_before)
-
-    def startFactory(self) -> None:
-        deadlines = [t for t in (self.read_timeout_s, self.idle_timeout_s) if t > 0]
-        if deadlines and self._sweeper is None:
-            self._sweeper = LoopingCall(self.sweep)
-            self._sweeper.clock = self.clock
-            self._sweeper.start(min(1.0, min(deadlines) / 4), now=False)
+        given = headers.getRawHeaders(b"x-request-id", [None])[-1]
+        return refusal_bytes(status, body, {}, given, self._request_id)
