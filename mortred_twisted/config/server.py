@@ -41,6 +41,8 @@ class ServerConfig:
     server_uri: str = "/infer"
     worker_nums: int = 1
     max_connections: int = 1024
+    max_connections_per_client: int = 0  # per client address; 0 = no cap
+    body_budget: float = 256.0  # MB of request bodies held at once; 0 = no budget
     http_server: str = "llhttp"  # "llhttp" (gateway's server) or "twisted" (twisted.web)
     peer_resp_timeout: int = 600  # s a connection may wait on its client; 0 = none
     request_size_limit: float = 16.0  # MB
@@ -76,6 +78,10 @@ class ServerConfig:
     def request_size_limit_bytes(self) -> int:
         return int(self.request_size_limit * 1024 * 1024)
 
+    @property
+    def body_budget_bytes(self) -> int:
+        return int(self.body_budget * 1024 * 1024)
+
 
 #: server-table key -> accepted Python types, in the order the docs list them.
 SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
@@ -87,6 +93,8 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "server_uri": (str,),
         "worker_nums": (int,),
         "max_connections": (int,),
+        "max_connections_per_client": (int,),
+        "body_budget": (int, float),
         "http_server": (str,),
         "peer_resp_timeout": (int,),
         "request_size_limit": (int, float),
@@ -125,6 +133,8 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "port": (1, 65535),
     "worker_nums": (1, 256),
     "max_connections": (1, None),
+    "max_connections_per_client": (0, None),
+    "body_budget": (0, 1048576),
     "peer_resp_timeout": (0, None),
     "request_size_limit": (0.001, 4096),
     "request_read_timeout": (0, None),
@@ -298,9 +308,15 @@ def build_server_config(
     hosts = server.get("webhook_allowed_hosts", [])
     if isinstance(hosts, list):
         if not all(isinstance(h, str) and h.strip() for h in hosts):
-            problems.append("server.webhook_allowed_hosts: must be a list of host names")
+            problems.append(
+                "server.webhook_allowed_hosts: must be a list of host names, addresses "
+                "or CIDR ranges"
+            )
         else:
-            server["webhook_allowed_hosts"] = tuple(normalise_allowed_hosts(hosts))
+            try:
+                server["webhook_allowed_hosts"] = tuple(sorted(normalise_allowed_hosts(hosts)))
+            except ValueError as exc:
+                problems.append(f"server.webhook_allowed_hosts: {exc}")
     secret = server.get("webhook_secret", "")
     if isinstance(secret, str) and secret:
         try:

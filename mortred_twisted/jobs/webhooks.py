@@ -10,10 +10,13 @@ with the shared secret, sent as ``webhook-signature: v1,<base64 digest>``. A sec
 written ``whsec_<base64>`` (the spec's format) is base64-decoded to its key bytes;
 any other secret is used as its UTF-8 bytes.
 
-Targets are deny-by-default: only hosts the operator lists in
-``webhook_allowed_hosts`` are accepted, so a client cannot make the server call
-into the operator's network (server-side request forgery). The check is on the
-URL's host as written; an entry ``host:port`` also pins the port.
+Targets are deny-by-default: what a webhook may reach (the allowlist's grammar, the
+address rules) lives in :mod:`mortred_twisted.jobs.webhook_targets`; ``check_target``,
+``WebhookRejected`` and ``normalise_allowed_hosts`` are re-exported here.
+
+A message's ``webhook-id`` names the event, not the sender's count
+(:func:`message_id`), so every replica and every re-run of a job gives one event the
+same id and a de-duplicating receiver keeps exactly one of each.
 """
 
 from __future__ import annotations
@@ -22,8 +25,35 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Iterable, Sequence
-from urllib.parse import urlsplit
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mortred_twisted.jobs.webhook_targets import (
+    MAX_URL_LENGTH,
+    WebhookRejected,
+    check_target,
+    normalise_allowed_hosts,
+)
+
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_FIRST_DELAY_S",
+    "MAX_URL_LENGTH",
+    "PROGRESS_PER_SECOND",
+    "WEBHOOK_EVENTS",
+    "ProgressThrottle",
+    "WebhookRejected",
+    "backoff_delays",
+    "check_target",
+    "is_retryable",
+    "jittered",
+    "message_id",
+    "normalise_allowed_hosts",
+    "parse_events_filter",
+    "secret_key",
+    "sign",
+    "verify",
+]
 
 #: Every event a webhook can receive, in the order they happen.
 WEBHOOK_EVENTS: tuple[str, ...] = ("start", "progress", "completed")
@@ -34,59 +64,6 @@ DEFAULT_FIRST_DELAY_S = 0.1
 
 #: At most this many progress deliveries a second per job.
 PROGRESS_PER_SECOND = 2.0
-
-MAX_URL_LENGTH = 2048
-
-
-class WebhookRejected(ValueError):
-    """A submitted ``webhook`` or ``webhook_events_filter`` is not acceptable (HTTP 422)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
-
-
-def normalise_allowed_hosts(entries: Iterable[str]) -> frozenset[str]:
-    """Lower-cased ``host`` or ``host:port`` entries (IPv6 literals in brackets)."""
-    return frozenset(e.strip().lower() for e in entries if e.strip())
-
-
-def check_target(url: object, allowed_hosts: frozenset[str]) -> str:
-    """Return ``url`` if it is an absolute http(s) URL to an allowed host.
-
-    Raises :class:`WebhookRejected` naming what is wrong. Credentials in the URL
-    and fragments are refused: a delivery carries no secrets but the signature.
-    """
-    if not isinstance(url, str) or not url:
-        raise WebhookRejected("webhook", "must be a non-empty string (an http(s) URL)")
-    if len(url) > MAX_URL_LENGTH:
-        raise WebhookRejected("webhook", f"longer than {MAX_URL_LENGTH} characters")
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url) or not url.isascii():
-        raise WebhookRejected("webhook", "contains spaces, control or non-ASCII characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise WebhookRejected("webhook", f"not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https"):
-        raise WebhookRejected("webhook", "must be an absolute http:// or https:// URL")
-    if not parts.hostname:
-        raise WebhookRejected("webhook", "has no host")
-    if parts.username is not None or parts.password is not None:
-        raise WebhookRejected("webhook", "must not carry credentials")
-    if parts.fragment:
-        raise WebhookRejected("webhook", "must not have a #fragment")
-    host = parts.hostname.lower()
-    shown = f"[{host}]" if ":" in host else host
-    effective_port = port if port is not None else (443 if parts.scheme == "https" else 80)
-    if shown not in allowed_hosts and f"{shown}:{effective_port}" not in allowed_hosts:
-        raise WebhookRejected(
-            "webhook",
-            f"host {shown!r} is not in the server's webhook_allowed_hosts"
-            + (" (none are allowed: webhooks are off)" if not allowed_hosts else ""),
-        )
-    return url
 
 
 def parse_events_filter(value: object) -> frozenset[str]:
@@ -136,6 +113,23 @@ def backoff_delays(
 ) -> Sequence[float]:
     """Seconds to wait before each retry: ``attempts - 1`` delays, doubling."""
     return tuple(first_delay_s * (2**i) for i in range(max(0, attempts - 1)))
+
+
+def jittered(delay_s: float, draw: float) -> float:
+    """``delay_s`` with "equal jitter": ``draw`` in [0, 1) picks a wait in
+    [delay_s / 2, delay_s), so retries of many messages failed together spread out."""
+    return delay_s * (0.5 + 0.5 * min(max(draw, 0.0), 1.0))
+
+
+def message_id(job_id: str, event: str, status: Mapping[str, Any]) -> str:
+    """The ``webhook-id`` of one event of a job, from what the event reports (the same on
+    every replica and every re-run): ``<job>.start``, ``<job>.progress.<step>``,
+    ``<job>.completed`` (a job has one terminal state). Retries keep it."""
+    if event == "progress":
+        progress = status.get("progress")
+        step = progress.get("step", 0) if isinstance(progress, Mapping) else 0
+        return f"{job_id}.progress.{step}"
+    return f"{job_id}.{event}"
 
 
 def is_retryable(status: int | None) -> bool:

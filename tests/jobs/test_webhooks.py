@@ -14,6 +14,8 @@ from mortred_twisted.jobs.webhooks import (
     backoff_delays,
     check_target,
     is_retryable,
+    jittered,
+    message_id,
     normalise_allowed_hosts,
     parse_events_filter,
     secret_key,
@@ -28,13 +30,15 @@ ALLOWED = normalise_allowed_hosts(["hooks.example.com", "127.0.0.1:9000", "[::1]
     "url",
     [
         "https://hooks.example.com/job-done",
-        "http://HOOKS.example.com:8080/x?y=1",
+        "http://HOOKS.example.com/x?y=1",
+        "http://hooks.example.com.:80/x",
         "http://127.0.0.1:9000/hook",
         "http://[::1]/hook",
     ],
 )
 def test_allowed_targets_pass(url: str) -> None:
-    """An http(s) URL whose host (and pinned port) is listed is accepted as written."""
+    """An http(s) URL whose host and port are listed (no port listed: the scheme's
+    default) is accepted as written."""
     assert check_target(url, ALLOWED) == url
 
 
@@ -42,6 +46,10 @@ def test_allowed_targets_pass(url: str) -> None:
     ("url", "why"),
     [
         ("http://169.254.169.254/latest/meta-data", "not in the server's"),
+        ("http://hooks.example.com:8080/x", "not in the server's"),  # not the default port
+        ("https://hooks.example.com:80/x", "not in the server's"),  # https's default is 443
+        ("http://[::ffff:127.0.0.1]/hook", "not in the server's"),  # 127.0.0.1 only on 9000
+        ("http://hooks.example.com:0/", "port 0"),
         ("http://127.0.0.1/hook", "not in the server's"),  # port 80 is not the pinned 9000
         ("http://127.0.0.1:9001/hook", "not in the server's"),
         ("http://localhost:9000/hook", "not in the server's"),
@@ -136,3 +144,29 @@ def test_progress_throttle_lets_two_a_second_through_per_job() -> None:
     assert throttle.allow("a", 10.5)
     throttle.forget("a")
     assert throttle.allow("a", 10.6)
+
+
+def test_jitter_stays_within_half_to_all_of_the_delay() -> None:
+    """Every jittered wait lies in [delay/2, delay]: never longer than the policy, never
+    shorter than half of it, whatever the random draw."""
+    for delay in backoff_delays():
+        for draw in (0.0, 0.25, 0.5, 0.999999, 1.0, -3.0, 7.0):
+            assert delay / 2 <= jittered(delay, draw) <= delay
+    assert jittered(0.4, 0.0) == pytest.approx(0.2) and jittered(0.4, 0.5) == pytest.approx(0.3)
+
+
+def test_message_ids_name_the_event_not_a_count() -> None:
+    """The webhook-id comes from the job and what the event reports, so two replicas (or a
+    re-run) sending the same event agree on it and different events never collide."""
+    assert message_id("job_a", "start", {"state": "running"}) == "job_a.start"
+    assert message_id("job_a", "progress", {"progress": {"step": 3, "total": 9}}) == (
+        "job_a.progress.3"
+    )
+    assert message_id("job_a", "progress", {}) == "job_a.progress.0"
+    assert message_id("job_a", "completed", {"state": "done"}) == "job_a.completed"
+    ids = {
+        message_id("job_a", e, {"progress": {"step": s, "total": 3}})
+        for e in WEBHOOK_EVENTS
+        for s in (1, 2)
+    }
+    assert len(ids) == 4  # start, progress.1, progress.2, completed
