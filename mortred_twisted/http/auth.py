@@ -46,3 +46,61 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_header_name(host: str | bytes | None) -> str | None:
+    """The host name of a ``Host`` header value, lower-cased and without its port.
+
+    ``name``, ``name:port``, ``[v6]`` and ``[v6]:port`` are accepted (the port must be
+    1-5 digits); anything else (empty, a bare IPv6 address, a bad port, spaces inside)
+    is None. Pure: parses, looks nothing up.
+    """
+    if host is None:
+        return None
+    if isinstance(host, bytes):
+        host = host.decode("latin-1")
+    text = host.strip()
+    if text.startswith("["):
+        name, bracket, rest = text[1:].partition("]")
+        if not bracket or not name:
+            return None
+    else:
+        name, colon, port = text.partition(":")
+        if ":" in port:  # a bare IPv6 address is not a valid Host
+            return None
+        rest = colon + port
+    if rest and not (rest[0] == ":" and rest[1:].isdigit() and 1 <= len(rest) - 1 <= 5):
+        return None
+    if not name or any(c.isspace() or c in "/\\@" for c in name):
+        return None
+    return name.lower()
+
+
+def is_loopback_host_header(host: str | bytes | None) -> bool:
+    """True when a ``Host`` header names this machine's loopback: ``localhost``, an
+    address of 127.0.0.0/8 or ``[::1]``, with any port (case-insensitive)."""
+    name = host_header_name(host)
+    return name is not None and is_loopback_host(name)
+
+
+def host_refusal(host: str | bytes | None, *, token_configured: bool) -> str | None:
+    """The DNS-rebinding defence of a service: None when a request may proceed, else
+    the message to refuse it with (421 Misdirected Request).
+
+    A service with a bearer token accepts any ``Host``: a page of another origin that
+    rebinds its name onto our address has no token to send. A service **without** a
+    token (allowed on loopback only; every tap refuses a non-loopback address without
+    one) accepts only a ``Host`` that names loopback (:func:`is_loopback_host_header`),
+    so ``http://evil.example:8787/`` rebound to 127.0.0.1 is refused; a missing or
+    malformed ``Host`` is refused too. Pure, no IO.
+    """
+    if token_configured or is_loopback_host_header(host):
+        return None
+    if isinstance(host, bytes):
+        host = host.decode("latin-1")
+    shown = "no Host header" if host is None else f"Host {host.strip()[:100]!r}"
+    return (
+        f"{shown} is not a loopback name: this service runs without a token and answers "
+        "only http://localhost, http://127.0.0.1 or http://[::1] (DNS-rebinding defence); "
+        "set a token to serve other names"
+    )

@@ -10,6 +10,12 @@ without a principal header a model lists every job) and rewrites job URLs to
 stream (:mod:`mortred_twisted.http.event_relay`): each event reaches the browser as
 the model writes it, and a browser that leaves closes the model's stream. Reactor
 thread only.
+
+Browser hardening, on every answer (:meth:`SupervisorApi.resource`): the
+:data:`SECURITY_HEADERS` (a Content-Security-Policy that allows no inline script or
+style, no framing, ``nosniff``, no referrer), and, when the supervisor runs without
+a token, the DNS-rebinding defence: a ``Host`` that is not a loopback name is
+answered 421 (:func:`~mortred_twisted.http.auth.host_refusal`) before any route runs.
 """
 
 from __future__ import annotations
@@ -25,10 +31,16 @@ from klein import Klein
 from prometheus_client import CollectorRegistry
 from twisted.internet import defer
 from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
-from mortred_twisted.http.auth import WWW_AUTHENTICATE, bearer_token, token_matches
+from mortred_twisted.http.auth import (
+    WWW_AUTHENTICATE,
+    bearer_token,
+    host_refusal,
+    token_matches,
+)
 from mortred_twisted.http.event_relay import relay_events
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
@@ -38,6 +50,25 @@ STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 _JOB_PART = ("", "/wait", "/result")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _LIST_QUERY = (b"state", b"limit", b"cursor")
+
+#: The web UI's Content-Security-Policy: scripts, styles, fetches and frames from this
+#: origin only, no inline script or style (app.js and style.css are files), images
+#: also from ``data:`` (result PNGs) and ``blob:`` (the picked input file), never
+#: framed, no ``<base>``, forms posted here only.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'"
+)
+#: Sent with every supervisor answer (UI files, JSON, event streams, errors).
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"Content-Security-Policy", CONTENT_SECURITY_POLICY.encode("ascii")),
+    (b"X-Frame-Options", b"DENY"),
+    (b"X-Content-Type-Options", b"nosniff"),
+    (b"Referrer-Policy", b"no-referrer"),
+)
+#: Status of a request refused by the Host check (the name is not ours to answer).
+MISDIRECTED = 421
 
 
 def _json(request: Any, status: int, doc: Any) -> bytes:
@@ -76,7 +107,10 @@ class SupervisorApi:
         self.static_dir = static_dir.resolve()
 
     def resource(self) -> Any:
-        return self.app.resource()
+        """The twisted.web resource of the whole API: every answer carries the
+        :data:`SECURITY_HEADERS`, and a request whose ``Host`` the token policy
+        refuses is answered 421 without reaching a route."""
+        return _Guarded(self.app.resource(), token_configured=bool(self.api_token))
 
     def _authorized(self, request: Any) -> bool:
         if not self.api_token:
@@ -291,6 +325,26 @@ class SupervisorApi:
         if isinstance(doc, dict) and _rewrite_job_urls(doc, server_id):
             out = json.dumps(doc).encode("utf-8")
         return out
+
+
+class _Guarded(Resource):
+    """Sets the security headers, applies the Host check, then lets ``inner`` (the
+    Klein resource, a leaf) answer. Reactor thread only."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Any, *, token_configured: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.token_configured = token_configured
+
+    def render(self, request: Any) -> Any:
+        for name, value in SECURITY_HEADERS:
+            request.setHeader(name, value)
+        refusal = host_refusal(request.getHeader(b"host"), token_configured=self.token_configured)
+        if refusal is not None:
+            return _json(request, MISDIRECTED, {"error": refusal})
+        return self.inner.render(request)
 
 
 def _rewrite_job_urls(doc: dict[str, Any], server_id: str) -> bool:

@@ -2,7 +2,9 @@
 
 Starts the management API (``[supervisor] api_host:api_port``), then the gateway and
 the autostart models as child processes. Tokens come from the environment or are
-generated once per boot and printed with the URLs to call:
+generated once per boot; the URLs to call are logged, the generated tokens and the
+web UI's sign-in link are shown on the terminal only (:func:`show_on_terminal`),
+never written to the twistd log:
 
 * ``MORTRED_API_TOKEN``: this API and the web UI;
 * ``MORTRED_GATEWAY_AUTH_TOKEN``: gateway inference (passed to the gateway child);
@@ -18,8 +20,9 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from treq.client import HTTPClient
 from twisted.application import internet, service
@@ -107,18 +110,71 @@ def autostart_ids(options: Options, catalog: Catalog) -> list[str]:
     return [e.id for e in catalog.enabled() if e.autostart]
 
 
-class SupervisorService(service.MultiService):
-    """API port + children. ``stopService`` returns the Deferred of the ordered stop."""
+def _open_tty() -> IO[str]:
+    return open("/dev/tty", "w", encoding="utf-8")
 
-    def __init__(self, supervisor: Supervisor, autostart: list[str], banner: str) -> None:
+
+def show_on_terminal(
+    text: str,
+    *,
+    stderr: IO[str] | None = None,
+    open_tty: Callable[[], IO[str]] = _open_tty,
+) -> bool:
+    """Write ``text`` (secrets: tokens, the sign-in link) where only a person sees it;
+    True when it was shown.
+
+    The process's original stderr when it is a terminal (``sys.__stderr__``: twistd
+    replaces ``sys.stdout``/``sys.stderr`` with files that write into its log), else
+    the controlling terminal (``/dev/tty``), else nowhere: a daemon, or a process whose
+    output goes to files or pipes, never writes secrets (they would end up in a log).
+    """
+    stream = stderr if stderr is not None else sys.__stderr__
+    try:
+        if stream is not None and stream.isatty():
+            stream.write(text + "\n")
+            stream.flush()
+            return True
+    except (OSError, ValueError):  # closed or detached stderr
+        pass
+    try:
+        with open_tty() as tty:
+            tty.write(text + "\n")
+        return True
+    except OSError:  # no controlling terminal (ENXIO), or none at all
+        return False
+
+
+class SupervisorService(service.MultiService):
+    """API port + children. ``stopService`` returns the Deferred of the ordered stop.
+
+    ``banner`` (URLs, models; no secret) is logged at start; ``secrets`` (generated
+    tokens, the sign-in link; may be empty) go to ``show`` only, never to the log.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        autostart: list[str],
+        banner: str,
+        secrets: str = "",
+        show: Callable[[str], bool] = show_on_terminal,
+    ) -> None:
         super().__init__()
         self.supervisor = supervisor
         self.autostart = autostart
         self.banner = banner
+        self.secrets = secrets
+        self.show = show
 
     def startService(self) -> None:
         super().startService()
-        print(self.banner, flush=True)
+        log.info("{banner}", banner=self.banner)
+        if self.secrets and not self.show(self.secrets):
+            log.error(
+                "generated tokens were not shown: no terminal to show them on (they are "
+                "never logged); set MORTRED_API_TOKEN and MORTRED_GATEWAY_AUTH_TOKEN in "
+                "the environment and restart"
+            )
         d = self.supervisor.start_all(self.autostart)
         d.addCallback(lambda r: log.info("autostart finished: {r}", r=r))
 
@@ -240,15 +296,21 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         lines.append(f"  gateway:             http://{gw.host}:{gw.port}/v1/models/<id>/...")
     lines.append(f"  models: {', '.join(e.id for e in catalog.enabled())}")
     lines.append(f"  autostart: {', '.join(autostart) or '(none)'}")
+    secret_lines: list[str] = []
     if generated:
-        lines.append("  generated tokens (shown once; export them to keep them across restarts):")
-        lines.extend(generated)
-        if "MORTRED_API_TOKEN" not in env:
-            lines.append(
+        secret_lines.append(
+            "mortred: generated tokens (shown once, on this terminal only; export them to "
+            "keep them across restarts):"
+        )
+        secret_lines.extend(generated)
+        if not env.get("MORTRED_API_TOKEN"):
+            secret_lines.append(
                 f"  web UI sign-in link: http://{sup.api_host}:{sup.api_port}/#token={api_token}"
             )
-    svc = SupervisorService(supervisor, autostart, "\n".join(lines))
-    internet.TCPServer(sup.api_port, site, interface=sup.api_host).setServiceParent(svc)
+    svc = SupervisorService(supervisor, autostart, "\n".join(lines), "\n".join(secret_lines))
+    internet.TCPServer(
+        sup.api_port, site, interface=sup.api_host, reactor=reactor
+    ).setServiceParent(svc)
     return svc
 
 

@@ -4,6 +4,7 @@ and the jobs page's routes (listing, cancel, live events relayed as a stream).""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from twisted.python.failure import Failure
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.gateway.upstream import UpstreamClient
-from mortred_twisted.http.supervisor_api import SupervisorApi
+from mortred_twisted.http.supervisor_api import CONTENT_SECURITY_POLICY, STATIC, SupervisorApi
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.metrics import supervisor_registry
 from mortred_twisted.supervisor.monitor import ManagedServer, Supervisor, Timing
@@ -33,7 +34,9 @@ AUTH = {"Authorization": "Bearer mgmt"}
 
 
 class Harness:
-    def __init__(self, upstream: Any = None, stream_agent: Any = None) -> None:
+    def __init__(
+        self, upstream: Any = None, stream_agent: Any = None, api_token: str = "mgmt"
+    ) -> None:
         self.clock = Clock()
         self.spawner = FakeSpawner()
         self.prober = FakeProber()
@@ -61,7 +64,7 @@ class Harness:
         api = SupervisorApi(
             supervisor=self.supervisor,
             catalog=self.catalog,
-            api_token="mgmt",
+            api_token=api_token,
             registry=supervisor_registry(self.supervisor),
             proxy=UpstreamClient(self.upstream, self.clock, recv_timeout_s=5),
             stream_agent=stream_agent or self.streams,
@@ -69,8 +72,10 @@ class Harness:
         )
         self.client = StubTreq(api.resource())
 
-    def call(self, method: str, path: str, **kw: Any) -> tuple[int, bytes, Any]:
-        d = self.client.request(method, "http://sup" + path, **kw)
+    def call(
+        self, method: str, path: str, origin: str = "http://sup", **kw: Any
+    ) -> tuple[int, bytes, Any]:
+        d = self.client.request(method, origin + path, **kw)
         self.flush()
         out: list[Any] = []
         d.addCallback(lambda r: r.content().addCallback(lambda b: out.append((r, b))))
@@ -155,6 +160,97 @@ def test_ui_is_served_and_confined() -> None:
     assert code == 200 and b"<!doctype html" in body.lower()
     assert headers.getRawHeaders("content-type")[0].startswith("text/html")
     assert h.call("GET", "/ui/../../../etc/passwd")[0] == 404
+
+
+SECURITY_HEADERS = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
+def _security_headers(headers: Any) -> dict[str, str | None]:
+    return {name: (headers.getRawHeaders(name) or [None])[0] for name in SECURITY_HEADERS}
+
+
+def test_every_ui_file_and_the_index_carry_the_browser_security_headers() -> None:
+    """/ and every file under /ui/ come with the CSP, X-Frame-Options: DENY, nosniff
+    and no referrer, with the right content type."""
+    h = Harness()
+    names = sorted(p.name for p in STATIC.iterdir() if p.is_file())
+    assert {"index.html", "app.js", "style.css"} <= set(names)
+    for path in ["/", *(f"/ui/{n}" for n in names)]:
+        code, _, headers = h.call("GET", path)
+        assert code == 200, path
+        assert _security_headers(headers) == SECURITY_HEADERS, path
+    js = h.call("GET", "/ui/app.js")[2].getRawHeaders("content-type")[0]
+    assert js.split(";")[0] in ("text/javascript", "application/javascript")
+
+
+def test_json_errors_and_refusals_carry_the_security_headers_too() -> None:
+    """nosniff and the rest are on every answer: JSON, 401, 404, 405."""
+    h = Harness()
+    for method, path, kw in [
+        ("GET", "/api/v1/health", {}),
+        ("GET", "/api/v1/status", {"headers": AUTH}),
+        ("GET", "/api/v1/status", {}),
+        ("GET", "/nope", {}),
+        ("GET", "/ui/missing.js", {}),
+        ("PUT", "/api/v1/status", {"headers": AUTH}),
+    ]:
+        headers = h.call(method, path, **kw)[2]
+        assert _security_headers(headers) == SECURITY_HEADERS, (method, path)
+
+
+def test_the_csp_allows_no_inline_script_or_style() -> None:
+    """The policy names no 'unsafe-inline'/'unsafe-eval', forbids framing, and the
+    shipped page has no inline script, style or event handler for it to block."""
+    assert "unsafe" not in CONTENT_SECURITY_POLICY
+    assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY
+    assert "script-src 'self';" in CONTENT_SECURITY_POLICY
+    html = (STATIC / "index.html").read_text()
+    assert re.findall(r"<script(?![^>]*\bsrc=)", html) == []
+    assert "<style" not in html and " style=" not in html
+    assert re.findall(r"\son[a-z]+\s*=", html) == []
+    js = (STATIC / "app.js").read_text()
+    # A style attribute (through el() or setAttribute) would be blocked; CSSOM is not.
+    assert "style:" not in js and '"style"' not in js
+
+
+@pytest.mark.parametrize(
+    "origin",
+    ["http://localhost:8787", "http://127.0.0.1:8787", "http://localhost", "http://127.0.0.2"],
+)
+def test_without_a_token_loopback_host_names_are_served(origin: str) -> None:
+    """A supervisor without a token answers requests whose Host names loopback
+    (``[::1]``, which the in-memory client cannot send, is in tests/http/test_auth.py)."""
+    h = Harness(api_token="")
+    assert h.call("GET", "/api/v1/status", origin=origin)[0] == 200
+    assert h.call("GET", "/", origin=origin)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example:8787", "http://127.0.0.1.nip.io:8787", "http://10.0.0.7:8787"]
+)
+def test_without_a_token_other_host_names_are_refused(origin: str) -> None:
+    """DNS rebinding: a supervisor without a token answers 421 with a JSON message to
+    a Host that is not loopback, on the UI and the API alike, and acts on nothing."""
+    h = Harness(api_token="")
+    for method, path in [("GET", "/"), ("GET", "/api/v1/status"),
+                         ("POST", "/api/v1/servers/A/start")]:  # fmt: skip
+        code, body, headers = h.call(method, path, origin=origin)
+        assert code == 421, (method, path)
+        assert "not a loopback name" in json.loads(body)["error"]
+        assert _security_headers(headers) == SECURITY_HEADERS
+    assert h.server.state == "stopped" and h.spawner.children == []
+
+
+def test_with_a_token_any_host_name_is_served() -> None:
+    """With a token the bearer check defends the API: any Host is answered."""
+    h = Harness()
+    assert h.call("GET", "/api/v1/status", origin="http://evil.example", headers=AUTH)[0] == 200
+    assert h.call("GET", "/api/v1/status", origin="http://evil.example")[0] == 401
 
 
 def test_infer_proxy_async_rewrites_to_api_paths() -> None:
