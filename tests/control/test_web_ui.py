@@ -4,8 +4,9 @@ Skipped when ``/usr/bin/chromium`` or ``/usr/bin/chromedriver`` is missing, exce
 under ``CI=true`` (what CI services set), where that is a failure: a CI run must not
 pass without testing the UI (``.ci/run`` installs both with apt when it can).
 Drives the page through W3C WebDriver: servers grouped by category with
-state/ready, a restart button, the log panel following a server, and the try-it
-panel's async flow to a result.
+state/ready, a restart button, the log panel following a server, the try-it
+panel's async flow to a result, the jobs page, and, last, that the supervisor's
+Content-Security-Policy blocked nothing the page did.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from .plane import API_TOKEN, ControlPlane, control_plane, free_port, wait_until
+from .plane import API_TOKEN, ControlPlane, call, control_plane, free_port, wait_until
 from .webdriver import WebDriver
 
 pytestmark = pytest.mark.slow
 
+#: A 1x1 PNG, base64.
+ONE_PIXEL_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAF"
+    "BQIAX8jx0gAAAABJRU5ErkJggg=="
+)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HAVE_BROWSER = Path(CHROMIUM).exists() and Path(DRIVER).exists()
@@ -177,3 +183,43 @@ def test_jobs_page_live_progress_cancel_and_result(browser: WebDriver) -> None:
     )
     row = _job_row(browser, short_job)
     assert row is not None and "state-done" in row["state"] and row["value"] == row["max"]
+
+
+def test_the_security_policy_blocks_nothing_the_page_uses(
+    browser: WebDriver, plane: ControlPlane
+) -> None:
+    """Runs last: the page is served with its CSP and anti-framing headers, its style
+    sheet applies, result images (data:) and picked files (blob:) draw under the
+    policy, and in everything the tests above did the browser reported no violation
+    (while an inline script, the policy's target, is refused)."""
+    _, headers, _, _ = call(plane.api_port, "GET", "/")
+    assert "script-src 'self';" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+    assert browser.run("return getComputedStyle(document.body).backgroundColor") == (
+        "rgb(246, 247, 249)"
+    )
+    browser.run(
+        "window.cspImages = {}; const png = arguments[0];"
+        "const bytes = Uint8Array.from(atob(png), c => c.charCodeAt(0));"
+        "const urls = {data: 'data:image/png;base64,' + png,"
+        " blob: URL.createObjectURL(new Blob([bytes], {type: 'image/png'}))};"
+        "for (const [k, u] of Object.entries(urls)) { const i = new Image();"
+        " i.onload = () => { window.cspImages[k] = 'loaded'; };"
+        " i.onerror = () => { window.cspImages[k] = 'blocked'; }; i.src = u; }",
+        ONE_PIXEL_PNG,
+    )  # fmt: skip
+    images = wait_until(
+        lambda: (r := browser.run("return window.cspImages")) and len(r) == 2 and r,
+        10,
+        "both test images settled",
+    )
+    assert images == {"data": "loaded", "blob": "loaded"}
+    violations = [e["message"] for e in browser.log() if e.get("source") == "security"]
+    assert violations == [], violations
+    browser.run(
+        "const s = document.createElement('script'); s.textContent = 'window.inlineRan = 1';"
+        "document.body.append(s);"
+    )
+    assert browser.run("return window.inlineRan === undefined")
+    refused = [e["message"] for e in browser.log() if e.get("source") == "security"]
+    assert refused and "Content Security Policy" in refused[0]

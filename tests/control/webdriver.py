@@ -38,6 +38,8 @@ class WebDriver:
             "capabilities": {
                 "alwaysMatch": {
                     "browserName": "chrome",
+                    # Console and security messages (CSP violations), for log().
+                    "goog:loggingPrefs": {"browser": "ALL"},
                     "goog:chromeOptions": {
                         "binary": self.binary,
                         "args": [
@@ -71,6 +73,11 @@ class WebDriver:
 
     def run(self, script: str, *args: Any) -> Any:
         return self._call("POST", self.s("/execute/sync"), {"script": script, "args": list(args)})
+
+    def log(self) -> list[dict[str, Any]]:
+        """The browser's console and security messages since the last call
+        (chromedriver's ``se/log``): ``{"level", "message", "source", ...}``."""
+        return list(self._call("POST", self.s("/se/log"), {"type": "browser"}))
 
     def quit(self) -> None:
         try:
