@@ -16,10 +16,15 @@ setup(
     packages=find_packages(include=["mortred_twisted", "mortred_twisted.*"])
     + ["mortred_twisted.ui.static", "twisted.plugins"],
     package_dir={"twisted.plugins": "twisted_plugins"},
-    package_data={"mortred_twisted.ui.static": ["*.html", "*.js", "*.css"]},
+    package_data={
+        "mortred_twisted.ui.static": ["*.html", "*.js", "*.css"],
+        # the Redis job store's Lua scripts (jobs/redis_scripts.py loads them)
+        "mortred_twisted.jobs": ["lua/*.lua"],
+    },
     include_package_data=True,
     install_requires=[
-        "twisted>=24.7",
+        # [tls]: pyOpenSSL, service_identity, idna (rediss:// to the job store)
+        "twisted[tls]>=24.7",
         "klein>=24.8",
         "werkzeug>=3,<4",
         "treq>=24.9",

@@ -23,6 +23,20 @@ A terminal transition that cannot be written because Redis is away is retried
 until it is (the job keeps its lease meanwhile), so a job that finished during
 an outage is not re-run.
 
+**Cancel is read, not only heard.** The ``c`` message stops a held job at once;
+the flag in the job's hash is read again by every lease renewal (:meth:`maintain`,
+every third of a lease at most, and after every resubscription) and by every
+progress write, so a cancel announced while this replica's subscriber was deaf, or
+before its claim's reply arrived, still stops the run (``on_cancel``, which may be
+called more than once per job). A ``c`` for a job not (yet) held is remembered for
+a while and applied when the claim's reply comes in.
+
+**Progress** (:meth:`set_progress`, any thread) is coalesced per job: at most one
+write every ``PROGRESS_INTERVAL_S`` plus the last step, one reactor hop per write.
+The write publishes a ``p`` event only while some replica's event stream follows
+the job: each replica refreshes a short-lived ``follow`` key for the jobs its
+streams follow (once a second, only while it has any).
+
 Thread contract: reactor thread, except :meth:`set_progress` (any thread).
 """
 
@@ -31,11 +45,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
 from mortred_twisted.jobs.ledger import (
@@ -50,8 +66,12 @@ from mortred_twisted.jobs.redis_scripts import (
     LOST_REPLICA_ERROR,
     decode_result,
     decode_snapshot,
+    follow_key,
+    idem_key,
+    job_key,
     key_prefix,
     reply_text,
+    script_keys,
 )
 from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
 from mortred_twisted.jobs.store import Claim, StoreUnavailable
@@ -64,6 +84,16 @@ log = Logger()
 __all__ = ["LOST_REPLICA_ERROR", "RedisJobStore", "replica_name"]
 
 RETRY_TERMINAL_S = 0.25
+#: at most one progress write per job this often (plus the last step)
+PROGRESS_INTERVAL_S = 0.2
+#: how often this replica refreshes the follow keys of the jobs its streams follow
+FOLLOW_REFRESH_S = 1.0
+FOLLOW_TTL_MS = 3000
+#: how long a ``c`` message for a job not held here is remembered (its claim's
+#: reply may still be on the way); at most EARLY_CANCELS of them
+EARLY_CANCEL_S = 30.0
+EARLY_CANCELS = 1024
+EVENTS_SUFFIX = "#events"
 
 
 def replica_name() -> str:
@@ -117,6 +147,16 @@ class RedisJobStore:
         #: the views carried by terminal events, each only while its event is delivered
         self._ended_views: dict[str, JobSnapshot] = {}
         self._stopped = False
+        # c messages for jobs not held (yet): job id -> when it arrived
+        self._early_cancels: OrderedDict[str, float] = OrderedDict()
+        # progress: the latest step per job (written by model threads), and per job
+        # the time of its last write and the timer of the next one (reactor thread)
+        self._progress_lock = threading.Lock()
+        self._progress_latest: dict[str, tuple[int, int]] = {}
+        self._progress_at: dict[str, float] = {}
+        self._progress_timers: dict[str, Any] = {}
+        self._follow = LoopingCall(self._refresh_follows)
+        self._follow.clock = reactor
         self.link = link_factory(
             reactor,
             channel=self._prefix + "events",
@@ -134,6 +174,7 @@ class RedisJobStore:
 
     def start(self) -> None:
         self.link.start()
+        self._follow.start(FOLLOW_REFRESH_S, now=False)
 
     def when_connected(self) -> Deferred[None]:
         """Fires once Redis has been reached (scripts loaded, queue group made)."""
@@ -141,10 +182,21 @@ class RedisJobStore:
 
     def stop(self) -> Deferred[Any]:
         self._stopped = True
+        if self._follow.running:
+            self._follow.stop()
+        for timer in self._progress_timers.values():
+            if timer.active():
+                timer.cancel()
+        self._progress_timers.clear()
         return self.link.stop()
 
-    def _script(self, name: str, *args: Any) -> Deferred[Any]:
-        return self.link.script(name, [self._prefix], args)
+    def _script(self, name: str, *args: Any, keys: tuple[str, ...] = ()) -> Deferred[Any]:
+        """``EVALSHA`` of ``name`` with its fixed keys, then ``keys`` (the job's
+        hash, …): every key the caller can name is declared."""
+        return self.link.script(name, script_keys(name, self._prefix, keys), args)
+
+    def _job(self, job_id: str) -> tuple[str]:
+        return (job_key(self._prefix, job_id),)
 
     # -- JobStore -------------------------------------------------------------------
 
@@ -196,7 +248,10 @@ class RedisJobStore:
             raise RuntimeError("could not draw a free job id")
 
         job_id = new_job_id()
-        d = self._script("admit", self._max_queue, job_id, task_id, payload, *extras)
+        keys = self._job(job_id)
+        if extras[1]:  # the idempotency key
+            keys += (idem_key(self._prefix, extras[0], extras[1]),)
+        d = self._script("admit", self._max_queue, job_id, task_id, payload, *extras, keys=keys)
         return d.addCallback(decide)
 
     def cancel(self, job_id: str) -> Deferred[tuple[CancelOutcome, JobSnapshot | None]]:
@@ -209,10 +264,13 @@ class RedisJobStore:
             outcome = CancelOutcome(reply_text(reply[0]))
             return outcome, decode_snapshot(job_id, reply[1:])
 
-        return self._script("cancel", job_id, self._ttl_ms, self._max_completed).addCallback(decode)
+        d = self._script(
+            "cancel", job_id, self._ttl_ms, self._max_completed, keys=self._job(job_id)
+        )
+        return d.addCallback(decode)
 
     def _extras(self, job_id: str) -> Deferred[list[str]]:
-        return self._script("job_extras", job_id).addCallback(
+        return self._script("job_extras", job_id, keys=self._job(job_id)).addCallback(
             lambda reply: [reply_text(x) or "" for x in reply]
         )
 
@@ -278,18 +336,23 @@ class RedisJobStore:
             ended = self.terminate(job_id, JobState.FAILED, error=f"unreadable job request: {exc}")
             ended.addErrback(lambda f: log.failure("failing job {job}", f, job=job_id))
             return self.claim_next()
+        if self._early_cancels.pop(job_id, None) is not None:
+            # Its cancel was announced before this reply arrived: stop it as soon as
+            # the runner has taken the claim (the next reactor turn).
+            self._reactor.callLater(0, self._cancel_held, job_id)
         return Claim(job_id, request, int(age_ms), int(attempt))
 
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
     ) -> Deferred[bool]:
+        """The terminal transition (see :class:`JobStore`). A job whose cancel was
+        accepted ends ``cancelled`` even when ``state`` is ``done``."""
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state!r}")
+        self._forget_progress(job_id)
         if job_id in self._handed_back:  # the run we stopped: the job is queued again
             self._handed_back.discard(job_id)
-            refused: Deferred[bool] = Deferred()
-            refused.callback(False)
-            return refused
+            return succeed(False)
         attempt = self._held.get(job_id)
         args = (
             job_id, state.value, result or b"", (error or "").encode("utf-8"),
@@ -301,7 +364,7 @@ class RedisJobStore:
     async def _terminate(self, job_id: str, args: tuple[Any, ...]) -> bool:
         while True:
             try:
-                ended, depth = await self._script("terminate", *args)
+                reply = await self._script("terminate", *args, keys=self._job(job_id))
                 break
             except StoreUnavailable:
                 if self._stopped or job_id not in self._held:
@@ -310,50 +373,114 @@ class RedisJobStore:
                 # a job that finished during an outage is not run again.
                 await deferLater(self._reactor, RETRY_TERMINAL_S, lambda: None)
         self._held.pop(job_id, None)
-        self._depth = int(depth)
-        return ended == 1
+        self._depth = int(reply[1])
+        return reply[0] == 1
+
+    # -- progress -------------------------------------------------------------------
 
     def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._reactor.callFromThread(self._progress, job_id, f"{step}/{total}")
+        """Any thread. Coalesced: one reactor hop per write (see the module docstring)."""
+        with self._progress_lock:
+            first = job_id not in self._progress_latest
+            self._progress_latest[job_id] = (step, total)
+        if first or step >= total:
+            self._reactor.callFromThread(self._progress_due, job_id)
 
-    def _progress(self, job_id: str, text: str) -> None:
-        if job_id not in self._held:
+    def _progress_due(self, job_id: str) -> None:
+        if job_id in self._progress_timers:
+            with self._progress_lock:
+                latest = self._progress_latest.get(job_id)
+            if latest is None or latest[0] < latest[1]:
+                return  # a write is already scheduled; it takes the latest step
+            timer = self._progress_timers.pop(job_id)
+            if timer.active():
+                timer.cancel()
+        wait = self._progress_at.get(job_id, float("-inf")) + PROGRESS_INTERVAL_S
+        wait -= self._reactor.seconds()
+        with self._progress_lock:
+            latest = self._progress_latest.get(job_id)
+        if latest is not None and latest[0] < latest[1] and wait > 0:
+            self._progress_timers[job_id] = self._reactor.callLater(
+                wait, self._write_progress, job_id
+            )
             return
-        d = self._script("progress", job_id, self.owner, text)
-        d.addErrback(lambda _f: None)  # progress is best effort
+        self._write_progress(job_id)
+
+    def _write_progress(self, job_id: str) -> None:
+        self._progress_timers.pop(job_id, None)
+        with self._progress_lock:
+            latest = self._progress_latest.pop(job_id, None)
+        if latest is None or job_id not in self._held:
+            return
+        self._progress_at[job_id] = self._reactor.seconds()
+        keys = (job_key(self._prefix, job_id), follow_key(self._prefix, job_id))
+        d = self._script("progress", job_id, self.owner, f"{latest[0]}/{latest[1]}", keys=keys)
+
+        def flagged(reply: Any) -> None:
+            if reply and int(reply[1]):
+                self._cancel_held(job_id)  # a cancel whose message never came
+
+        d.addCallbacks(flagged, lambda _f: None)  # progress is best effort
+
+    def _forget_progress(self, job_id: str) -> None:
+        timer = self._progress_timers.pop(job_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        with self._progress_lock:
+            self._progress_latest.pop(job_id, None)
+        self._progress_at.pop(job_id, None)
+
+    def _refresh_follows(self) -> None:
+        """Mark the jobs that event streams here follow (a ``p`` event per write)."""
+        if not self.link.connected:
+            return
+        keys = [
+            follow_key(self._prefix, name[: -len(EVENTS_SUFFIX)])
+            for name in self._counters.names()
+            if name.endswith(EVENTS_SUFFIX)
+        ]
+        if keys:
+            self.link.script("follow", keys, (FOLLOW_TTL_MS,)).addErrback(lambda _f: None)
+
+    # -- reads ----------------------------------------------------------------------
 
     def snapshot(self, job_id: str) -> Deferred[JobSnapshot | None]:
         ended = self._ended_views.get(job_id)
         if ended is not None:  # a terminal view is final: no need to read it again
-            known: Deferred[JobSnapshot | None] = Deferred()
-            known.callback(ended)
-            return known
-        return self._script("snapshot", job_id).addCallback(
+            return succeed(ended)
+        return self._script("snapshot", job_id, keys=self._job(job_id)).addCallback(
             lambda reply: decode_snapshot(job_id, reply)
         )
 
     def take_result(self, job_id: str) -> Deferred[ResultLookup]:
-        return self._script("result", job_id).addCallback(decode_result)
+        return self._script("result", job_id, keys=self._job(job_id)).addCallback(decode_result)
+
+    # -- upkeep ---------------------------------------------------------------------
 
     def maintain(self) -> Deferred[int]:
-        """Renew this replica's leases, re-queue or fail the jobs of lost replicas,
-        time out overdue pending jobs, forget expired retention entries."""
+        """Renew this replica's leases (and read their cancel flags), re-queue or fail
+        the jobs of lost replicas, time out overdue pending jobs, forget expired
+        retention entries."""
         overdue = f"job exceeded async_timeout ({self._budget_ms} ms) while waiting for a worker"
         reclaim = self._reactor.seconds() >= self._reclaim_from
         attempts = self._max_attempts if reclaim else 0  # 0: renew only
+        held = list(self._held)
         d = self._script(
             "maintain", self.owner, self._lease_ms, attempts, self._ttl_ms,
-            self._max_completed, self._budget_ms, overdue, *self._held,
+            self._max_completed, self._budget_ms, overdue, *held,
+            keys=tuple(job_key(self._prefix, j) for j in held),
         )  # fmt: skip
 
         def done(reply: Any) -> int:
-            _renewed, requeued, lost, timed_out, forgotten, depth = (int(x) for x in reply)
+            _renewed, requeued, lost, timed_out, forgotten, depth = (int(x) for x in reply[:6])
             self._depth = depth
             if requeued or lost:
                 log.warn(
-                    "re-queued {n} job(s) of a lost replica; {m} failed after "
-                    "{a} attempt(s)", n=requeued, m=lost, a=self._max_attempts,
+                    "re-queued {n} job(s) of a lost replica; {m} ended (cancelled, or "
+                    "failed after {a} attempt(s))", n=requeued, m=lost, a=self._max_attempts,
                 )  # fmt: skip
+            for raw in reply[6] if len(reply) > 6 else ():
+                self._cancel_held(reply_text(raw) or "")
             if self.on_queued is not None:
                 self.on_queued()
             return lost + timed_out + forgotten
@@ -364,20 +491,27 @@ class RedisJobStore:
         return []  # jobs outlive a replica: pending ones stay queued for the others
 
     def hand_back(self, job_id: str) -> Deferred[bool]:
+        """Re-queue a held job; whether or not Redis answers, this replica stops
+        holding it (no more lease renewals: a failed hand-back leaves the job to
+        expire and be re-run elsewhere, not running until this process exits)."""
         if job_id not in self._held:
-            d: Deferred[bool] = Deferred()
-            d.callback(False)
-            return d
-
+            return succeed(False)
         self._handed_back.add(job_id)
+        self._forget_progress(job_id)
+        d = self._script("hand_back", job_id, self.owner, keys=self._job(job_id))
 
-        def done(reply: Any) -> bool:
+        def released(result: Any) -> Any:
             self._held.pop(job_id, None)
-            return int(reply) == 1
+            return result
 
-        return self._script("hand_back", job_id, self.owner).addCallback(done)
+        return d.addBoth(released).addCallback(lambda reply: int(reply) == 1)
 
     # -- events ---------------------------------------------------------------------
+
+    def _cancel_held(self, job_id: str) -> None:
+        """A held job's cancel was accepted: the runtime stops its run (repeatable)."""
+        if job_id in self._held and self.on_cancel is not None:
+            self.on_cancel(job_id)
 
     def _on_event(self, message: bytes) -> None:
         kind, _, raw = message.partition(b" ")
@@ -397,10 +531,23 @@ class RedisJobStore:
         job = raw.decode("utf-8", "replace")
         if kind == b"q" and self.on_queued is not None:
             self.on_queued()
-        elif kind == b"c" and job in self._held and self.on_cancel is not None:
-            self.on_cancel(job)
+        elif kind == b"c":
+            if job in self._held:
+                self._cancel_held(job)
+            else:
+                self._remember_cancel(job)
         elif kind == b"p" and self.on_change is not None:
             self.on_change(job)
+
+    def _remember_cancel(self, job_id: str) -> None:
+        now = self._reactor.seconds()
+        early = self._early_cancels
+        early[job_id] = now
+        early.move_to_end(job_id)
+        while early and (
+            len(early) > EARLY_CANCELS or next(iter(early.values())) < now - EARLY_CANCEL_S
+        ):
+            early.popitem(last=False)
 
     def _reconnected(self) -> None:
         """(Re)connected: renew this replica's leases now, reclaim others' later."""
@@ -408,7 +555,9 @@ class RedisJobStore:
         self.maintain().addErrback(lambda _f: None)
 
     def _resync_waiters(self) -> None:
-        """After (re)subscribing: count the waited-for jobs that are terminal now."""
+        """After (re)subscribing, re-read what a deaf subscriber may have missed:
+        the waited-for jobs that are terminal now, the held jobs' cancel flags (one
+        lease renewal), and the queue."""
         for job_id in self._counters.names():
             d = self.snapshot(job_id)
 
@@ -417,6 +566,8 @@ class RedisJobStore:
                     self._counters.count_by_name(job_id, None)
 
             d.addCallbacks(wake, lambda _f: None)
+        if self._held:
+            self.maintain().addErrback(lambda _f: None)
         if self.on_queued is not None:
             self.on_queued()
 

@@ -16,7 +16,8 @@ two ways, chosen by the store (:attr:`JobStore.pull`):
   waits on a busy replica while another one idles. The budget counts from
   admission (the claim says how old the job is).
 
-Then: the model runs on the thread pool → one ``store.terminate`` (done / failed /
+Then: the model runs on the thread pool (a step-batching model: the job joins the
+model's batch loop, ``runtime/step_loop.py``) → one ``store.terminate`` (done / failed /
 timeout) → ``count_by_name(job_id)`` wakes every local waiter (waiters on other
 replicas are woken by the store's events). Any exception ends the job ``failed``
 with a readable error and is logged; the store guarantees one terminal transition.
@@ -45,8 +46,9 @@ from mortred_twisted.models.base import (
 )
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
-from mortred_twisted.runtime.execution import EncodedResult, ThreadRunner, run_and_encode
+from mortred_twisted.runtime.execution import EncodedResult, ThreadRunner
 from mortred_twisted.runtime.job_events import JobEvents
+from mortred_twisted.runtime.step_loop import run_model
 from mortred_twisted.runtime.workers import WorkerLease, WorkerPool
 
 log = Logger()
@@ -261,8 +263,9 @@ class JobRunner:
                 self._events.started(job_id)
             ctx = RunContext(on_progress=lambda step, total: self._progress(job_id, step, total))
             self._contexts[job_id] = ctx
-            run = self._threads.run(run_and_encode, lease.worker, request, ctx)
-            # The lease goes back when the thread returns, even after a timeout.
+            run = run_model(self._threads, lease.worker, request, ctx)
+            # The lease goes back when the run is over (its thread returned, or it
+            # left the model's batch), even after a timeout.
             run.addBoth(self._release_after, lease)
             lease = None  # ownership passed to the thread's completion
             result = await within(
@@ -270,7 +273,12 @@ class JobRunner:
                 on_expiry=ctx.cancel,
             )  # fmt: skip
             self._metrics.inference_duration.labels(path="async").observe(result.run_ms)
-            outcome = (JobState.DONE, result.data_json)
+            if job_id in self._cancelling:
+                # The cancel was accepted before the run came back: it never ends done
+                # (a shared store would refuse it too; see TERMINATE).
+                outcome = (JobState.CANCELLED, "cancelled by request (the run finished first)")
+            else:
+                outcome = (JobState.DONE, result.data_json)
         except DeadlineExpired:
             outcome = (JobState.TIMEOUT, self._budget_message("running"))
         except RunCancelled as exc:
@@ -294,7 +302,10 @@ class JobRunner:
         return result
 
     def _progress(self, job_id: str, step: int, total: int) -> None:
-        # Called on the worker thread; set_progress is thread-safe by contract.
+        # Called on the worker thread at each step boundary; set_progress is
+        # thread-safe by contract. A shared store's (coalesced) progress write reads
+        # the job's cancel flag back and stops the run through ``cancel`` when set:
+        # the step-boundary read of a cancel whose announcement was lost.
         self._store.set_progress(job_id, step, total)
         if self._events is not None:
             self._events.progress(job_id, step, total)

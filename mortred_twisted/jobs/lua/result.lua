@@ -1,0 +1,7 @@
+-- RESULT. KEYS: done uses, job
+-- ARGV: job_id -> false, or {state, task, result}; refreshes the LRU position.
+local f = redis.call('HMGET', K.job, 'state', 'task', 'result', 'completed')
+if not f[1] then return false end
+if f[4] then redis.call('ZADD', K.done, 'XX', use_mark(), ARGV[1]) end
+if f[1] ~= 'done' then return {f[1], f[2], false} end
+return {f[1], f[2], f[3]}
