@@ -7,139 +7,51 @@ commands go through the supervisor's try-it proxy, or through the gateway when
 ``MORTREDCTL_GATEWAY_TOKEN``). A job URL may be absolute, a gateway path
 (``/v1/models/…``) or a supervisor path (``/api/v1/jobs/…``).
 
-Exit codes: 0 ok; 1 the request failed (connection error or HTTP status >= 400,
-or a job that ended ``failed``/``timeout``); 2 usage error.
+Every request goes through :mod:`mortred_client` (the project's Python client): its
+retries (GET and DELETE on connection errors and 429/502/503/504; a gateway submit
+with its ``Idempotency-Key``, which it always sends), its event-stream reader (which
+resumes a dropped stream with ``Last-Event-ID``) and its error classes.
 
-Plain stdlib on purpose: a CLI has no use for a reactor.
+Exit codes: 0 ok; 1 the request failed (connection error or HTTP status >= 400,
+or a job that ended ``failed``/``timeout``/``cancelled``); 2 usage error.
+
+Plain blocking calls on purpose: a CLI has no use for a reactor.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import os
 import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn, TextIO
-from urllib.parse import urlencode
+from typing import Any, NoReturn, TextIO
+from urllib.parse import urlsplit
+
+from mortred_client import Client, Job, JobStatus, MortredError, RetryPolicy
+from mortred_client.protocol import Call
+from mortred_client.retry import Safety
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-TERMINAL = ("done", "failed", "timeout", "cancelled")
+#: A CLI answers quickly when a server is down: three tries within 10 s.
+CLI_RETRY = RetryPolicy(max_attempts=3, deadline=10.0)
 
 
-class RequestFailed(Exception):
-    """An HTTP error status or a connection failure (exit code 1)."""
+class Supervisor:
+    """The supervisor's REST API (``/api/v1/…``) on the client's transport."""
 
-    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
+    def __init__(self, base: str, token: str) -> None:
+        self.client = Client(base, token, front="supervisor", retry=CLI_RETRY, timeout=600.0)
 
-
-class Client:
-    """Blocking JSON over HTTP with a bearer token."""
-
-    def __init__(self, base: str, token: str, timeout: float = 600.0) -> None:
-        self.base = base.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-        self.last_headers: Any = None
-
-    def url(self, path: str) -> str:
-        return path if "://" in path else self.base + path
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        timeout: float | None = None,
-        extra_headers: dict[str, str] | None = None,
-    ) -> tuple[int, Any]:
-        data = None
-        headers = {"Accept": "application/json", **(extra_headers or {})}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json; charset=utf-8"
-        req = urllib.request.Request(self.url(path), data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                self.last_headers = resp.headers
-                return resp.status, _decode(resp.read(), resp.headers.get("Content-Type", ""))
-        except urllib.error.HTTPError as e:
-            doc = _decode(e.read(), e.headers.get("Content-Type", "") if e.headers else "")
-            message = doc.get("error") or doc.get("msg") if isinstance(doc, dict) else doc
-            raise RequestFailed(f"HTTP {e.code}: {message}", e.code, doc) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise RequestFailed(f"cannot reach {self.url(path)}: {reason}") from None
-
-    def events(self, path: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
-        """Follow a ``text/event-stream``: yields each event as it arrives."""
-        headers = {"Accept": "text/event-stream"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if last_event_id is not None:
-            headers["Last-Event-ID"] = last_event_id
-        req = urllib.request.Request(self.url(path), method="GET", headers=headers)
-        try:
-            resp = urllib.request.urlopen(req, timeout=self.timeout)
-        except urllib.error.HTTPError as e:
-            doc = _decode(e.read(), e.headers.get("Content-Type", "") if e.headers else "")
-            message = doc.get("error") if isinstance(doc, dict) else doc
-            raise RequestFailed(f"HTTP {e.code}: {message}", e.code, doc) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise RequestFailed(f"cannot reach {self.url(path)}: {reason}") from None
-        with resp:
-            yield from parse_sse(resp)
-
-
-class SseEvent(NamedTuple):
-    id: str | None
-    event: str
-    data: str
-
-
-def parse_sse(lines: Iterable[bytes]) -> Iterator[SseEvent]:
-    """The WHATWG event-stream grammar, as far as a CLI needs it (comments skipped)."""
-    event_id: str | None = None
-    name, data = "message", []
-    for raw in lines:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not line:
-            if data:
-                yield SseEvent(event_id, name, "\n".join(data))
-            name, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            name = value
-        elif field == "id":
-            event_id = value
-
-
-def _decode(raw: bytes, content_type: str) -> Any:
-    if "json" in content_type or raw[:1] in (b"{", b"["):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            pass
-    return raw.decode("utf-8", "replace")
+    def request(self, method: str, path: str) -> Any:
+        """The JSON answer of one request; :class:`MortredError` on failure."""
+        safety = Safety.REPEATABLE if method in ("GET", "DELETE") else Safety.ONCE
+        call = Call(method, path, headers=self.client.api.headers(), safety=safety)
+        return self.client.call(call).json()
 
 
 def _print_json(doc: Any, out: TextIO) -> None:
@@ -150,7 +62,7 @@ def _print_json(doc: Any, out: TextIO) -> None:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    _, doc = args.sup.request("GET", "/api/v1/status")
+    doc = args.sup.request("GET", "/api/v1/status")
     if args.json:
         _print_json(doc, out)
         return EXIT_OK
@@ -172,7 +84,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
-    _, doc = args.sup.request("GET", "/api/v1/catalog")
+    doc = args.sup.request("GET", "/api/v1/catalog")
     if args.json:
         _print_json(doc, out)
         return EXIT_OK
@@ -185,7 +97,7 @@ def cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_action(args: argparse.Namespace, out: TextIO) -> int:
-    _, doc = args.sup.request("POST", f"/api/v1/servers/{args.id}/{args.command}")
+    doc = args.sup.request("POST", f"/api/v1/servers/{args.id}/{args.command}")
     out.write(f"{args.id}: {args.command} requested (state: {doc.get('state')})\n")
     if not args.wait or args.command == "stop":
         if args.wait:
@@ -198,7 +110,7 @@ def cmd_action(args: argparse.Namespace, out: TextIO) -> int:
 def _wait_state(args: argparse.Namespace, out: TextIO, ok: Any) -> int:
     deadline = time.monotonic() + args.wait_timeout
     while time.monotonic() < deadline:
-        _, s = args.sup.request("GET", f"/api/v1/servers/{args.id}")
+        s = args.sup.request("GET", f"/api/v1/servers/{args.id}")
         if ok(s):
             out.write(f"{args.id}: {s['state']}{' ready' if s['ready'] else ''}\n")
             return EXIT_OK
@@ -214,7 +126,7 @@ def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
     offset = args.offset
     while True:
         query = f"limit={args.limit}" + (f"&offset={offset}" if offset is not None else "")
-        _, page = args.sup.request("GET", f"/api/v1/servers/{args.id}/logs?{query}")
+        page = args.sup.request("GET", f"/api/v1/servers/{args.id}/logs?{query}")
         for line in page["lines"]:
             out.write(line + "\n")
         out.flush()
@@ -225,192 +137,174 @@ def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
             time.sleep(args.interval)
 
 
-def _envelope(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    if args.image:
-        body["images"] = [base64.b64encode(Path(args.image).read_bytes()).decode()]
-    else:
-        body["images"] = [base64.b64encode(b"mortredctl").decode()]  # generative models
+def _images_params(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any] | None]:
+    """The command line's image (a file, or a placeholder generative models ignore)
+    and params."""
+    images: list[Any] = [Path(args.image)] if args.image else [b"mortredctl"]
+    params = None
     if args.params:
         try:
-            body["params"] = json.loads(args.params)
+            params = json.loads(args.params)
         except ValueError as e:
             raise UsageError(f"--params is not JSON: {e}") from None
-    if args.req_id:
-        body["req_id"] = args.req_id
-    return body
+        if not isinstance(params, dict):
+            raise UsageError("--params must be a JSON object")
+    return images, params
+
+
+def _model_client(args: argparse.Namespace, model: str) -> Client:
+    """The client of one model: through the gateway when given, else the supervisor."""
+    if args.gateway:
+        return Client(args.gateway, args.gateway_token, model=model, retry=CLI_RETRY,
+                      timeout=600.0)  # fmt: skip
+    return Client(args.addr, args.token, model=model, front="supervisor", retry=CLI_RETRY,
+                  timeout=600.0)  # fmt: skip
+
+
+def _job(args: argparse.Namespace, ref: str, model: str | None = None) -> Job:
+    """A job from a URL (absolute, gateway ``/v1/…`` or supervisor ``/api/v1/…``) or
+    from a bare job id with ``--model``."""
+    if ref.startswith("job_") and "/" not in ref:
+        if not model:
+            raise UsageError("a bare job id needs --model")
+        return _model_client(args, model).job(ref)
+    parts = urlsplit(ref)
+    path = parts.path
+    for suffix in ("/wait", "/result", "/events"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+    if path.startswith("/v1/"):
+        if not args.gateway and not parts.scheme:
+            raise UsageError("a gateway job URL needs --gateway (or MORTREDCTL_GATEWAY)")
+        base, token, front = args.gateway, args.gateway_token, "gateway"
+    else:
+        base, token, front = args.addr, args.token, "supervisor"
+    if parts.scheme:
+        base = f"{parts.scheme}://{parts.netloc}"
+    client = Client(base, token, front=front, retry=CLI_RETRY, timeout=600.0)
+    return client.job(path)
 
 
 def cmd_infer(args: argparse.Namespace, out: TextIO) -> int:
-    body = _envelope(args)
-    if args.gw is not None:
-        _, doc = args.gw.request("POST", f"/v1/models/{args.id}/infer", body)
-    else:
-        _, doc = args.sup.request("POST", "/api/v1/infer", {"server_id": args.id, **body})
-    _print_json(doc, out)
+    images, params = _images_params(args)
+    result = _model_client(args, args.id).infer(images, params, req_id=args.req_id)
+    _print_json(result.raw, out)
     return EXIT_OK
 
 
 def cmd_jobs_submit(args: argparse.Namespace, out: TextIO) -> int:
-    body = _envelope(args)
-    if args.webhook:
-        body["webhook"] = args.webhook
-    if args.webhook_events:
-        body["webhook_events_filter"] = args.webhook_events.split(",")
-    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-    if args.gw is not None:
-        _, doc = args.gw.request("POST", f"/v1/models/{args.id}/jobs", body, extra_headers=headers)
-    else:
-        _, doc = args.sup.request(
-            "POST", "/api/v1/infer", {"server_id": args.id, "async": True, **body}
-        )
-    _print_json(doc, out)
-    if args.wait:
-        args.job_url = doc["poll_url"]
-        if args.gw is not None and _is_gateway_path(args.job_url):
-            return cmd_jobs_watch(args, out)
-        return cmd_jobs_wait(args, out)
-    return EXIT_OK
-
-
-def _is_gateway_path(url: str) -> bool:
-    path = url.split("://", 1)[-1]
-    path = path[path.find("/") :] if "://" in url else url
-    return path.startswith("/v1/")
-
-
-def _gateway_job_url(args: argparse.Namespace) -> str:
-    """A job URL as given, or ``/v1/models/<id>/jobs/<job>`` from a model id + job id."""
-    if args.job.startswith("job_") and args.model:
-        return f"/v1/models/{args.model}/jobs/{args.job}"
-    return args.job
+    images, params = _images_params(args)
+    job = _model_client(args, args.id).submit(
+        images, params, req_id=args.req_id, webhook=args.webhook,
+        webhook_events=args.webhook_events.split(",") if args.webhook_events else None,
+        idempotency_key=args.idempotency_key,
+    )  # fmt: skip
+    _print_json(job.last.raw, out)
+    if not args.wait:
+        return EXIT_OK
+    if args.gateway:
+        return _watch(job, args, out)
+    return _wait(job, args, out)
 
 
 def cmd_jobs_get(args: argparse.Namespace, out: TextIO) -> int:
-    url = _gateway_job_url(args)
-    _, doc = _job_client(args, url).request("GET", _job_base(url))
-    _print_json(doc, out)
+    _print_json(_job(args, args.job, args.model).status().raw, out)
     return EXIT_OK
 
 
 def cmd_jobs_cancel(args: argparse.Namespace, out: TextIO) -> int:
-    url = _gateway_job_url(args)
-    code, doc = _job_client(args, url).request("DELETE", _job_base(url))
+    status = _job(args, args.job, args.model).cancel()
     if args.json:
-        _print_json(doc, out)
+        _print_json(status.raw, out)
     else:
-        how = "cancel requested (running)" if code == 202 else doc.get("state", "?")
-        out.write(f"{doc.get('job_id', url)}: {how}\n")
+        running = status.cancel_requested and not status.terminal
+        out.write(f"{status.job_id}: {'cancel requested (running)' if running else status.state}\n")
     return EXIT_OK
 
 
 def cmd_jobs_list(args: argparse.Namespace, out: TextIO) -> int:
-    if args.gw is None:
-        raise UsageError("jobs list needs --gateway (or MORTREDCTL_GATEWAY)")
-    query: dict[str, Any] = {"limit": args.limit}
-    if args.state:
-        query["state"] = args.state
-    if args.cursor:
-        query["cursor"] = args.cursor
-    _, doc = args.gw.request("GET", f"/v1/models/{args.model}/jobs?{urlencode(query)}")
+    client = _model_client(args, args.model)
+    if args.all:
+        jobs, cursor = list(client.jobs(args.state, page_size=args.limit)), None
+    else:
+        page = client.list_jobs(args.state, args.limit, args.cursor)
+        jobs, cursor = page.jobs, page.next_cursor
     if args.json:
-        _print_json(doc, out)
+        _print_json({"jobs": [j.raw for j in jobs], "next_cursor": cursor}, out)
         return EXIT_OK
     rows = [("JOB", "STATE", "PROGRESS", "ELAPSED MS", "QUEUE")]
-    for j in doc["jobs"]:
-        p = j.get("progress") or {}
-        rows.append((j["job_id"], j["state"], f"{p['step']}/{p['total']}" if p else "",
-                     str(j.get("elapsed_ms", "")), str(j.get("queue_position") or "")))  # fmt: skip
+    for j in jobs:
+        p = j.progress
+        rows.append((j.job_id, j.state, f"{p.step}/{p.total}" if p else "",
+                     str(j.elapsed_ms if j.elapsed_ms is not None else ""),
+                     str(j.queue_position or "")))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
-    if doc.get("next_cursor"):
-        out.write(f"# more: --cursor {doc['next_cursor']}\n")
+    if cursor:
+        out.write(f"# more: --cursor {cursor}\n")
     return EXIT_OK
 
 
-def _bar(progress: dict[str, Any] | None, width: int = 30) -> str:
-    if not progress or not progress.get("total"):
+def _bar(status: JobStatus, width: int = 30) -> str:
+    p = status.progress
+    if p is None or not p.total:
         return ""
-    done = int(width * progress["step"] / progress["total"])
-    return f"[{'#' * done}{'.' * (width - done)}] {progress['step']}/{progress['total']}"
+    done = int(width * p.step / p.total)
+    return f"[{'#' * done}{'.' * (width - done)}] {p.step}/{p.total}"
+
+
+def _exit_for(status: JobStatus) -> int:
+    return EXIT_OK if status.state == "done" else EXIT_FAILED
 
 
 def cmd_jobs_watch(args: argparse.Namespace, out: TextIO) -> int:
+    return _watch(_job(args, args.job, args.model), args, out)
+
+
+def _watch(job: Job, args: argparse.Namespace, out: TextIO) -> int:
     """Follow a job's event stream with a progress bar; the last status goes to stdout."""
-    url = getattr(args, "job_url", None) or _gateway_job_url(args)
-    client = _job_client(args, url)
     err = sys.stderr
-    last: dict[str, Any] | None = None
-    for ev in client.events(_job_base(url) + "/events"):
-        try:
-            doc = json.loads(ev.data)
-        except ValueError:
-            continue
-        last = doc
-        if not getattr(args, "quiet", False):
-            line = f"{doc.get('job_id', '')}: {doc.get('state', ''):<9} {_bar(doc.get('progress'))}"
-            err.write(f"\r{line}   ")
+    last: JobStatus | None = None
+    for event in job.events():
+        last = event.status
+        if not args.quiet:
+            err.write(f"\r{last.job_id}: {last.state:<9} {_bar(last)}   ")
             err.flush()
-        if doc.get("state") in TERMINAL:
-            break
-    if not getattr(args, "quiet", False):
+    if not args.quiet:
         err.write("\n")
-    if last is None:
-        raise RequestFailed("the event stream ended before any event")
-    _print_json(last, out)
-    if last.get("state") not in TERMINAL:
-        return EXIT_FAILED
-    return EXIT_OK if last["state"] == "done" else EXIT_FAILED
-
-
-def _job_client(args: argparse.Namespace, url: str) -> Client:
-    path = url.split("://", 1)[-1]
-    path = path[path.find("/") :] if "://" in url else url
-    if path.startswith("/v1/"):
-        if args.gw is None:
-            raise UsageError("a gateway job URL needs --gateway (or MORTREDCTL_GATEWAY)")
-        return args.gw
-    return args.sup
-
-
-def _job_base(url: str) -> str:
-    for suffix in ("/wait", "/result"):
-        if url.split("?")[0].endswith(suffix):
-            return url.split("?")[0][: -len(suffix)]
-    return url.split("?")[0]
+    if last is None:  # events() ends only after a terminal event, or raises
+        raise MortredError("the event stream ended before any event")
+    _print_json(last.raw, out)
+    return _exit_for(last)
 
 
 def cmd_jobs_wait(args: argparse.Namespace, out: TextIO) -> int:
-    client = _job_client(args, args.job_url)
-    base = _job_base(args.job_url)
-    started = time.monotonic()
-    deadline = started + args.max_wait if args.max_wait else None
+    return _wait(_job(args, args.job_url), args, out)
+
+
+def _wait(job: Job, args: argparse.Namespace, out: TextIO) -> int:
+    """Long-poll ``--step-ms`` at a time, printing progress, until the job ends or
+    ``--max-wait`` seconds pass (then exit 1)."""
+    deadline = time.monotonic() + args.max_wait if args.max_wait else None
     err = sys.stderr
     while True:
-        _, doc = client.request("GET", f"{base}/wait?timeout={args.step_ms}")
-        progress = doc.get("progress") or {}
-        step = f" step {progress.get('step')}/{progress.get('total')}" if progress else ""
+        status = job.wait(timeout=args.step_ms / 1000.0, poll_ms=args.step_ms)
         if not args.quiet:
-            err.write(f"\r{doc['job_id']}: {doc['state']:<8} elapsed {doc.get('elapsed_ms', 0)} ms"
+            p = status.progress
+            step = f" step {p.step}/{p.total}" if p else ""
+            err.write(f"\r{status.job_id}: {status.state:<8} elapsed {status.elapsed_ms or 0} ms"
                       f"{step}   ")  # fmt: skip
             err.flush()
-        if doc["state"] in TERMINAL:
+        if status.terminal or (deadline is not None and time.monotonic() > deadline):
             if not args.quiet:
                 err.write("\n")
-            _print_json(doc, out)
-            return EXIT_OK if doc["state"] == "done" else EXIT_FAILED
-        if deadline is not None and time.monotonic() > deadline:
-            if not args.quiet:
-                err.write("\n")
-            _print_json(doc, out)
-            return EXIT_FAILED
+            _print_json(status.raw, out)
+            return _exit_for(status)
 
 
 def cmd_jobs_result(args: argparse.Namespace, out: TextIO) -> int:
-    client = _job_client(args, args.job_url)
-    _, doc = client.request("GET", _job_base(args.job_url) + "/result")
-    _print_json(doc, out)
+    _print_json(_job(args, args.job_url).result().raw, out)
     return EXIT_OK
 
 
@@ -523,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     jl.add_argument("--state", help="comma list, e.g. pending,running")
     jl.add_argument("--limit", type=int, default=50)
     jl.add_argument("--cursor")
+    jl.add_argument("--all", action="store_true", help="every page (--limit jobs per request)")
     jl.set_defaults(fn=cmd_jobs_list)
 
     keys = sub.add_parser("keys", help="gateway API keys").add_subparsers(
@@ -541,18 +436,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.sup = Client(args.addr, args.token)
-    args.gw = Client(args.gateway, args.gateway_token) if args.gateway else None
+    args.sup = Supervisor(args.addr, args.token)
     try:
         code = args.fn(args, out)
     except UsageError as e:
         sys.stderr.write(f"mortredctl: {e}\n")
         code = EXIT_USAGE
-    except RequestFailed as e:
+    except MortredError as e:
         sys.stderr.write(f"mortredctl: {e}\n")
         if e.body is not None and args.json:
             _print_json(e.body, out)
         code = EXIT_FAILED
+    except (ValueError, OSError) as e:  # a bad URL, an unreadable --image
+        sys.stderr.write(f"mortredctl: {e}\n")
+        code = EXIT_USAGE
     except KeyboardInterrupt:
         code = EXIT_FAILED
     if argv is None:

@@ -1,0 +1,161 @@
+"""What the server answers, as plain values (pure; no IO).
+
+:class:`JobStatus` is the status JSON of ``GET /jobs/{id}`` (and of wait, cancel,
+each listed job and each event); :class:`Result` the result envelope; fields the
+server leaves out are ``None`` and ``raw`` keeps the whole document.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+#: States a job never leaves.
+TERMINAL_STATES = frozenset({"done", "failed", "timeout", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The model's last reported step (``step`` of ``total``)."""
+
+    step: int
+    total: int
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job's status as the server reported it."""
+
+    job_id: str
+    state: str
+    poll_url: str | None = None
+    result_url: str | None = None
+    progress: Progress | None = None
+    queue_position: int | None = None
+    elapsed_ms: int | None = None
+    queued_ms: int | None = None
+    error: str | None = None
+    cancel_requested: bool = False
+    completed_at: float | None = None
+    req_id: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        """True once the job has ended (done, failed, timeout, cancelled)."""
+        return self.state in TERMINAL_STATES
+
+    @property
+    def done(self) -> bool:
+        """True when the job ended with a result."""
+        return self.state == "done"
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> JobStatus:
+        """A status from its JSON; ``KeyError`` without ``job_id`` or ``state``."""
+        p = doc.get("progress")
+        progress = None
+        if isinstance(p, dict) and "step" in p and "total" in p:
+            progress = Progress(int(p["step"]), int(p["total"]))
+        return cls(
+            job_id=str(doc["job_id"]),
+            state=str(doc["state"]),
+            poll_url=doc.get("poll_url"),
+            result_url=doc.get("result_url"),
+            progress=progress,
+            queue_position=doc.get("queue_position"),
+            elapsed_ms=doc.get("elapsed_ms"),
+            queued_ms=doc.get("queued_ms"),
+            error=doc.get("error"),
+            cancel_requested=bool(doc.get("cancel_requested", False)),
+            completed_at=doc.get("completed_at"),
+            req_id=doc.get("req_id"),
+            raw=doc,
+        )
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The 202 of a submit: the job and whether the server replayed it
+    (``Idempotent-Replayed: true``: the same key had admitted it before)."""
+
+    status: JobStatus
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    """A result envelope ``{"req_id", "code", "msg", "data"}`` (sync answer or
+    ``/result``). ``data`` is the model's output as JSON."""
+
+    req_id: str | None
+    code: int
+    msg: str
+    data: Any
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Result:
+        return cls(
+            req_id=doc.get("req_id"),
+            code=int(doc.get("code", 0)),
+            msg=str(doc.get("msg", "")),
+            data=doc.get("data"),
+            raw=doc,
+        )
+
+    def images(self) -> list[bytes]:
+        """The output images (``data.images``, base64 PNGs) decoded to bytes; empty
+        when the model outputs none."""
+        items = self.data.get("images") if isinstance(self.data, dict) else None
+        if not isinstance(items, list):
+            return []
+        return [_b64decode(item) for item in items if isinstance(item, str)]
+
+    def pil_images(self) -> list[Any]:
+        """The output images as PIL images (needs Pillow; ImportError otherwise)."""
+        import io
+
+        from PIL import Image
+
+        return [Image.open(io.BytesIO(raw)) for raw in self.images()]
+
+    def arrays(self) -> list[Any]:
+        """The output images as numpy arrays (needs numpy and Pillow)."""
+        import numpy as np
+
+        return [np.asarray(img) for img in self.pil_images()]
+
+
+def _b64decode(text: str) -> bytes:
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
+    return base64.b64decode(text)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of a listing; ``next_cursor`` is ``None`` on the last page."""
+
+    jobs: list[JobStatus]
+    next_cursor: str | None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> JobPage:
+        jobs = [JobStatus.from_json(j) for j in doc.get("jobs", []) if isinstance(j, dict)]
+        return cls(jobs, doc.get("next_cursor"))
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One server-sent event of a job: ``name`` is ``state``, ``progress`` or the
+    terminal state; ``id`` the stream's sequence; ``status`` the job's status."""
+
+    name: str
+    id: str | None
+    status: JobStatus
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
