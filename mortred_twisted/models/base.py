@@ -18,6 +18,11 @@ Contract (shared by the sync ``/infer`` path and the async ``/jobs`` path):
   envelope's ``data``: JSON-serialisable plain Python.
 * :meth:`Model.run_batch` may be overridden to serve several requests in one forward
   pass (dynamic batching); each item succeeds or fails alone.
+* Step batching: a model whose :attr:`Model.run_capacity` is above 1 takes that many
+  runs at once (its slots in the worker pool) and offers a :class:`StepBatch`
+  (:meth:`Model.step_batch`): the server then joins each run to that batch instead of
+  calling :meth:`Model.run` on a thread of its own, and advances every run in it one
+  step per call on the model thread pool (see ``runtime/step_loop.py``).
 
 This module imports no torch, no Twisted.
 """
@@ -122,6 +127,9 @@ class Model(abc.ABC):
     #: JSON schema of ``run``'s result (the envelope's ``data``), for the OpenAPI
     #: document; see :mod:`mortred_twisted.models.schemas`.
     output_schema: Mapping[str, Any] | None = None
+    #: How many runs this instance takes at once: its slots in the worker pool. Above
+    #: 1, :meth:`step_batch` must return the instance's batch.
+    run_capacity: int = 1
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
         """Check ``request`` cheaply and return it with normalised params.
@@ -152,8 +160,55 @@ class Model(abc.ABC):
                 out.append(exc)
         return out
 
+    def step_batch(self) -> StepBatch | None:
+        """The instance's own :class:`StepBatch` (one per instance), or None."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called once at shutdown from a non-reactor thread."""
+
+
+class StepBatch(abc.ABC):
+    """Runs of one model instance advanced together, one step per :meth:`step`.
+
+    Thread contract: the server calls :meth:`join`, :meth:`step` and :meth:`abandon`
+    from one thread at a time (its batch loop, on the model thread pool), never
+    concurrently; the runs' contexts may be cancelled from any thread. Ownership: a
+    run belongs to the batch from :meth:`join` until :meth:`step` (or
+    :meth:`abandon`) reports it as left, exactly once. A run's failure (its scheduler
+    raises, its numbers turn NaN, it is cancelled) is its own outcome: it leaves
+    alone and the other runs go on.
+    """
+
+    @abc.abstractmethod
+    def join(self, key: int, request: InferenceRequest, ctx: RunContext) -> None:
+        """Prepare a run that takes part from the next :meth:`step` on.
+
+        Raises (the run then never joined) when the request cannot run: cancelled
+        already, bad params.
+        """
+
+    @abc.abstractmethod
+    def step(self) -> list[tuple[int, Any | BaseException]]:
+        """Advance every run by one step; return the runs that left, with their
+        ``data`` (done) or the exception that ended them. Reports progress and
+        checks cancellation per run, as :meth:`Model.run` does per step."""
+
+    @abc.abstractmethod
+    def abandon(self) -> list[int]:
+        """Drop every run (after :meth:`step` itself failed); return their keys."""
+
+    @property
+    @abc.abstractmethod
+    def active(self) -> int:
+        """How many runs the batch holds."""
+
+
+def step_batch_of(model: Model) -> StepBatch | None:
+    """The model's step batch when it takes more than one run at once, else None."""
+    if model.run_capacity <= 1:
+        return None
+    return model.step_batch()
 
 
 ModelFactory = Callable[[Mapping[str, Any], Any], Model]

@@ -33,9 +33,9 @@ from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.execution import (
     EncodedResult,
     ThreadRunner,
-    run_and_encode,
     run_batch_and_encode,
 )
+from mortred_twisted.runtime.step_loop import run_model
 from mortred_twisted.runtime.workers import WorkerLease, WorkerPool
 
 
@@ -219,7 +219,7 @@ class SyncInference:
                 self._metrics.queue_wait_duration.labels(path="sync").observe(
                     (self._clock.seconds() - started) * 1000.0
                 )
-                run = self._threads.run(run_and_encode, lease.worker, request, ctx)
+                run = run_model(self._threads, lease.worker, request, ctx)
                 run.addBoth(_release_after, lease)
                 remaining = None if deadline is None else deadline - self._clock.seconds()
                 result = await within(

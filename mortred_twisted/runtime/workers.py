@@ -5,6 +5,11 @@ between the sync and the async path is the resource-arbitration design of the se
 a long diffusion job and a burst of ``/infer`` calls compete for the same instances,
 first come, first served.
 
+A worker that declares ``run_capacity = n`` (a step-batching model, see
+``models/base.py``) is n slots: it may be leased n times at once, and ``size``,
+``available`` and ``busy`` count slots. Slots of several such workers are handed
+out in turn.
+
 Thread contract: reactor thread only. Ownership: :meth:`WorkerPool.acquire` returns
 a Deferred firing with a :class:`WorkerLease`; the holder must call
 :meth:`WorkerLease.release` exactly once (extra calls are ignored) — after the
@@ -55,8 +60,10 @@ class WorkerPool(Generic[W]):
     def __init__(self, workers: Sequence[W]) -> None:
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
-        self._all = list(workers)
-        self._free: deque[W] = deque(workers)
+        capacity = [max(1, int(getattr(w, "run_capacity", 1))) for w in workers]
+        slots = list(zip(workers, capacity, strict=True))
+        self._all = [w for n in range(max(capacity)) for w, c in slots if n < c]
+        self._free: deque[W] = deque(self._all)
         self._waiters: deque[_Waiter[W]] = deque()
         self._waiting_by_kind: dict[str, int] = {}
         #: Called when a worker becomes free with nobody waiting (pull-mode runners
@@ -77,6 +84,7 @@ class WorkerPool(Generic[W]):
 
     @property
     def workers(self) -> list[W]:
+        """Every slot's worker (a worker of capacity n appears n times)."""
         return list(self._all)
 
     def waiting(self, kind: str | None = None) -> int:
