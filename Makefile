@@ -22,7 +22,7 @@ $(PY):
 venv: $(PY)
 
 install: $(PY)
-	$(PY) -m pip install -q '.[test]'
+	$(PY) -m pip install -q ./client '.[test]'
 
 run: install
 	$(VENV)/bin/twistd -n --pidfile= mortred-supervisor --config conf/mortred.toml $(RUN_ARGS)
