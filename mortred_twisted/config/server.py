@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -63,6 +63,10 @@ class ServerConfig:
     async_max_completed: int = 100
     job_store: str = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_ca_file: str = ""  # rediss://: CA bundle to verify Redis with ("" = system store)
+    redis_cert_file: str = ""  # rediss://: client certificate (mutual TLS), PEM
+    redis_key_file: str = ""  # its private key, PEM
+    redis_timeout_ms: int = 3000  # a Redis connection silent this long is replaced
     job_lease_ms: int = 10000
     job_max_attempts: int = 2
     cancel_grace_ms: int = 5000  # process workers: kill a run that ignores cancel after this
@@ -115,6 +119,10 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "async_max_completed": (int,),
         "job_store": (str,),
         "redis_url": (str,),
+        "redis_ca_file": (str,),
+        "redis_cert_file": (str,),
+        "redis_key_file": (str,),
+        "redis_timeout_ms": (int,),
         "job_lease_ms": (int,),
         "job_max_attempts": (int,),
         "cancel_grace_ms": (int,),
@@ -131,6 +139,7 @@ _ENV_ALIASES = {
 
 _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     "port": (1, 65535),
+    "redis_timeout_ms": (200, 60000),
     "worker_nums": (1, 256),
     "max_connections": (1, None),
     "max_connections_per_client": (0, None),
@@ -157,10 +166,14 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
 
 @dataclass(frozen=True)
 class RedisAddress:
-    """Where the Redis job store lives, parsed from ``redis_url``.
+    """Where the Redis job store lives and how to reach it: ``redis_url`` plus the
+    ``redis_*_file`` keys.
 
-    ``redis://[[user]:password@]host[:port][/db]``. :meth:`redacted` is the only
-    form that may be logged or shown (the password never is).
+    ``redis[s]://[[user]:password@]host[:port][/db]``: ``rediss`` is TLS (verified
+    against ``ca_file``, else the system's trust store; ``cert_file``/``key_file``
+    add a client certificate); ``host`` is a name, an IPv4 address or a bracketed
+    IPv6 one (``[::1]``). :meth:`redacted` is the only form that may be logged or
+    shown (the password never is).
     """
 
     host: str
@@ -168,6 +181,10 @@ class RedisAddress:
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
 
     def redacted(self) -> str:
         auth = ""
@@ -175,14 +192,15 @@ class RedisAddress:
             auth = f"{self.username or ''}:***@"
         elif self.username:
             auth = f"{self.username}@"
-        return f"redis://{auth}{self.host}:{self.port}/{self.db}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'rediss' if self.tls else 'redis'}://{auth}{host}:{self.port}/{self.db}"
 
 
 def parse_redis_url(url: str) -> RedisAddress:
     """Parse ``redis_url``; ValueError (whose text never holds the password)."""
     parts = urlsplit(url)
-    if parts.scheme != "redis":
-        raise ValueError("must start with redis://")
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("must start with redis:// or rediss:// (TLS)")
     try:
         port = parts.port or 6379
     except ValueError:
@@ -200,21 +218,50 @@ def parse_redis_url(url: str) -> RedisAddress:
         db=int(path or 0),
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
+        tls=parts.scheme == "rediss",
     )
 
 
-def job_store_problems(server: Mapping[str, Any]) -> list[str]:
-    """Problems of the job-store keys (``job_store``, ``redis_url``) of one server."""
+def redis_address(config: ServerConfig) -> RedisAddress:
+    """The Redis job store's address with its TLS files (paths relative to the
+    project root); the config was validated, so the URL parses."""
+    address = parse_redis_url(config.redis_url)
+
+    def path(value: str) -> str:
+        return str(Path(config.root) / value) if value else ""
+
+    return replace(
+        address,
+        ca_file=path(config.redis_ca_file),
+        cert_file=path(config.redis_cert_file),
+        key_file=path(config.redis_key_file),
+    )
+
+
+def job_store_problems(server: Mapping[str, Any], root: Path | None = None) -> list[str]:
+    """Problems of the job-store keys (``job_store``, ``redis_*``) of one server."""
     problems: list[str] = []
     store = server.get("job_store", "memory")
     if store not in ("memory", "redis"):
         problems.append(f"server.job_store: must be 'memory' or 'redis' (got {store!r})")
     url = server.get("redis_url", ServerConfig.redis_url)
+    tls = False
     if isinstance(url, str):
         try:
-            parse_redis_url(url)
+            tls = parse_redis_url(url).tls
         except ValueError as exc:
             problems.append(f"server.redis_url: {exc}")
+            tls = True  # one problem is enough
+    files = {k: server.get(k, "") for k in ("redis_ca_file", "redis_cert_file", "redis_key_file")}
+    for key, value in files.items():
+        if not isinstance(value, str) or not value:
+            continue
+        if not tls:
+            problems.append(f"server.{key}: needs a rediss:// redis_url (TLS)")
+        elif root is not None and not (root / value).is_file():
+            problems.append(f"server.{key}: file not found: {root / value}")
+    if bool(files["redis_cert_file"]) != bool(files["redis_key_file"]):
+        problems.append("server.redis_cert_file and redis_key_file: give both or neither")
     return problems
 
 
@@ -304,7 +351,7 @@ def build_server_config(
     http_server = server.get("http_server", "llhttp")
     if http_server not in ("llhttp", "twisted"):
         problems.append(f"server.http_server: must be 'llhttp' or 'twisted' (got {http_server!r})")
-    problems.extend(job_store_problems(server))
+    problems.extend(job_store_problems(server, root))
     hosts = server.get("webhook_allowed_hosts", [])
     if isinstance(hosts, list):
         if not all(isinstance(h, str) and h.strip() for h in hosts):
