@@ -1,29 +1,42 @@
-"""Webhook delivery from the reactor: signed POSTs, retried with exponential backoff.
+"""Webhook delivery from the reactor: signed POSTs, retried with jittered backoff.
 
 One :class:`WebhookSender` per model server. Each delivery is its own Deferred
 chain, never chained to a job's series or a request: a slow or dead receiver
 cannot hold a worker, a waiter or the terminal transition. The rules (targets,
 signatures, retry policy, throttling) are pure and live in
-:mod:`mortred_twisted.jobs.webhooks`.
+:mod:`mortred_twisted.jobs.webhooks`; the client that may only reach admitted
+addresses is :mod:`mortred_twisted.runtime.webhook_client`.
 
 Contract:
 * reactor thread only;
-* a message keeps one ``webhook-id`` (``<job_id>.<n>``, ``n`` counting that job's
-  messages) across its retries, so a receiver can deduplicate; each attempt is
-  signed with a fresh ``webhook-timestamp``;
+* a message's ``webhook-id`` names the event (:func:`~mortred_twisted.jobs.webhooks.message_id`:
+  ``<job>.start``, ``<job>.progress.<step>``, ``<job>.completed``), so it is the same
+  across retries, across replicas and across re-runs of the job, and a receiver can
+  deduplicate; each attempt is signed with a fresh ``webhook-timestamp``;
+* waits between retries are the policy's delays with equal jitter (each in
+  [delay/2, delay], drawn from the injected ``random``);
+* at most ``max_inflight`` messages are in flight (sending or waiting to retry), and at
+  most ``max_inflight_per_host`` to one host (the URL's host and port); a message over
+  either cap is dropped at once;
 * redirects are not followed (a 3xx is a failed, non-retried delivery): a
   redirect would otherwise lead past ``webhook_allowed_hosts``;
+* a client refusal (:class:`~mortred_twisted.jobs.webhooks.WebhookRejected`: the target or
+  every address it resolves to is not admitted, checked again on every attempt) ends the
+  message at once;
 * the answer's body is read and dropped, at most :data:`MAX_ANSWER_BYTES`;
 * every message ends with exactly one outcome in
   ``mortred_webhook_deliveries_total{event, outcome}``: ``delivered``, ``failed``
-  (gave up or refused) or ``dropped`` (a throttled progress event).
+  (gave up), ``refused`` (the target may not be reached) or ``dropped`` (a throttled
+  progress event, or over an in-flight cap).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import random as _random
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
@@ -34,8 +47,11 @@ from twisted.python.failure import Failure
 
 from mortred_twisted.jobs.webhooks import (
     ProgressThrottle,
+    WebhookRejected,
     backoff_delays,
     is_retryable,
+    jittered,
+    message_id,
     sign,
 )
 
@@ -43,6 +59,12 @@ log = Logger()
 
 MAX_ANSWER_BYTES = 64 * 1024
 ATTEMPT_TIMEOUT_S = 10.0
+
+#: Messages in flight at once (sending or waiting to retry), in all and to one host.
+MAX_INFLIGHT = 256
+MAX_INFLIGHT_PER_HOST = 32
+
+_REFUSED = -1  # an attempt's "status" when the client refused the target
 
 
 class WebhookHttpClient(Protocol):
@@ -93,6 +115,9 @@ class WebhookSender:
         delays: Sequence[float] | None = None,
         attempt_timeout_s: float = ATTEMPT_TIMEOUT_S,
         throttle: ProgressThrottle | None = None,
+        random: Callable[[], float] = _random.random,
+        max_inflight: int = MAX_INFLIGHT,
+        max_inflight_per_host: int = MAX_INFLIGHT_PER_HOST,
     ) -> None:
         self._clock = clock
         self._client = client
@@ -101,8 +126,12 @@ class WebhookSender:
         self._delays = tuple(backoff_delays() if delays is None else delays)
         self._attempt_timeout_s = attempt_timeout_s
         self._throttle = throttle or ProgressThrottle()
-        self._sequence: dict[str, int] = {}
+        self._random = random
+        self._max_inflight = max_inflight
+        self._max_per_host = max_inflight_per_host
         self._inflight: set[Deferred[str]] = set()
+        self._per_host: dict[str, int] = {}
+        self._capped: set[str] = set()  # hosts (and "" = all) whose drops were logged
 
     @property
     def inflight(self) -> int:
@@ -128,23 +157,54 @@ class WebhookSender:
             return defer.succeed("dropped")
         if terminal:
             self._throttle.forget(job_id)
-        n = self._sequence.get(job_id, 0) + 1
-        if terminal:
-            self._sequence.pop(job_id, None)
-        else:
-            self._sequence[job_id] = n
+        host = _host_key(url)
+        msg_id = message_id(job_id, event, status)
+        if not self._admit(host, msg_id, event):
+            self._count(event, "dropped")
+            return defer.succeed("dropped")
         body = json.dumps(dict(status), separators=(",", ":")).encode("utf-8")
         delays = self._delays if terminal else ()
-        d = Deferred.fromCoroutine(self._deliver(f"{job_id}.{n}", url, event, body, delays))
+        d = Deferred.fromCoroutine(self._deliver(msg_id, url, event, body, delays))
         self._inflight.add(d)
+        self._per_host[host] = self._per_host.get(host, 0) + 1
 
         def done(outcome: str) -> str:
             self._inflight.discard(d)
+            self._capped.discard("")
+            left = self._per_host[host] - 1
+            if left:
+                self._per_host[host] = left
+            else:
+                del self._per_host[host]
+                self._capped.discard(host)
             self._count(event, outcome)
             return outcome
 
         d.addCallback(done)
         return d
+
+    def _admit(self, host: str, msg_id: str, event: str) -> bool:
+        """Whether one more message fits under both in-flight caps (logs a host's first
+        drop until its backlog empties, and every global drop)."""
+        if len(self._inflight) >= self._max_inflight:
+            self._log_first_drop("", msg_id, event, len(self._inflight))
+            return False
+        if self._per_host.get(host, 0) >= self._max_per_host:
+            self._log_first_drop(host, msg_id, event, self._per_host[host])
+            return False
+        return True
+
+    def _log_first_drop(self, host: str, msg_id: str, event: str, n: int) -> None:
+        # One line per episode ("" = the global cap), not one per dropped message.
+        if host in self._capped:
+            return
+        self._capped.add(host)
+        log.warn(
+            "webhooks{to}: {n} messages in flight, the {which} cap; dropping new ones "
+            "until some end (first dropped: {msg_id}, {event})",
+            to=f" to {host}" if host else "", n=n,
+            which="per-host" if host else "global", msg_id=msg_id, event=event,
+        )  # fmt: skip
 
     def _count(self, event: str, outcome: str) -> None:
         if self._deliveries is not None:
@@ -158,6 +218,8 @@ class WebhookSender:
             status = await self._attempt(msg_id, url, body)
             if status is not None and 200 <= status < 300:
                 return "delivered"
+            if status == _REFUSED:
+                return "refused"
             if not is_retryable(status) or attempt >= len(delays):
                 log.warn(
                     "webhook {msg_id} ({event}) to {url} failed after {n} attempt(s): {why}",
@@ -168,7 +230,7 @@ class WebhookSender:
                     why="connection error" if status is None else f"HTTP {status}",
                 )
                 return "failed"
-            await _sleep(self._clock, delays[attempt])
+            await _sleep(self._clock, jittered(delays[attempt], self._random()))
             attempt += 1
 
     async def _attempt(self, msg_id: str, url: str, body: bytes) -> int | None:
@@ -190,9 +252,24 @@ class WebhookSender:
                 timeout=self._attempt_timeout_s,
             )
             await _drain(response)
+        except WebhookRejected as exc:
+            log.warn(
+                "webhook {msg_id} to {url} refused: {why}", msg_id=msg_id, url=url,
+                why=exc.message,
+            )  # fmt: skip
+            return _REFUSED
         except Exception:
             return None
         return int(response.code)
+
+
+def _host_key(url: str) -> str:
+    """The host a message counts against: the URL's host and port as written."""
+    try:
+        parts = urlsplit(url)
+        return f"{(parts.hostname or '').lower()}:{parts.port or parts.scheme}"
+    except ValueError:
+        return url
 
 
 def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:

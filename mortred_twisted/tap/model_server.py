@@ -243,13 +243,11 @@ def build_service(
     threads.setServiceParent(top)
     webhook_client = None
     if config.webhook_allowed_hosts:
-        # Webhook deliveries (treq over the reactor; see runtime/webhooks.py).
-        from treq.client import HTTPClient
-        from twisted.web.client import Agent, HTTPConnectionPool
+        # Webhook deliveries: resolved, checked, then pinned to the checked address
+        # (see runtime/webhook_client.py).
+        from mortred_twisted.runtime.webhook_client import build_webhook_client
 
-        pool = HTTPConnectionPool(reactor, persistent=True)
-        pool.maxPersistentPerHost = 4
-        webhook_client = HTTPClient(Agent(reactor, pool=pool))
+        webhook_client = build_webhook_client(reactor, frozenset(config.webhook_allowed_hosts))
     runtime = ModelRuntime(
         config, clock=reactor, threads=threads, metrics=ServerMetrics(),
         call_from_thread=reactor.callFromThread, webhook_client=webhook_client,

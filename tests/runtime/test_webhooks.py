@@ -1,4 +1,5 @@
-"""WebhookSender against a real HTTP receiver on 127.0.0.1 (and on a Clock for timing)."""
+"""WebhookSender against a real HTTP receiver on 127.0.0.1 (and on a Clock for timing):
+retries, jitter, event-derived ids, in-flight caps."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from typing import Any
 import pytest
 import pytest_twisted
 from prometheus_client import CollectorRegistry, Counter
-from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
-from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from mortred_twisted.jobs.webhooks import verify
+from mortred_twisted.runtime.webhook_client import (
+    GuardedWebhookClient,
+    PinnedAgentTransport,
+    reactor_resolver,
+)
 from mortred_twisted.runtime.webhooks import WebhookSender
 
 KEY = b"receiver-shared-secret"
@@ -66,9 +70,13 @@ def receiver_site():
         pytest_twisted.blockon(port.stopListening())
 
 
-def make_sender(pool: HTTPConnectionPool, registry: CollectorRegistry, **kw: Any) -> WebhookSender:
+def make_sender(registry: CollectorRegistry, **kw: Any) -> WebhookSender:
+    """A sender on the production client, admitting loopback by address (any port)."""
     deliveries = Counter("mortred_webhook_deliveries", "d", ["event", "outcome"], registry=registry)
-    client = HTTPClient(Agent(reactor, pool=pool))
+    client = GuardedWebhookClient(
+        allowed_hosts=frozenset(["127.0.0.1/32:*"]), resolve=reactor_resolver(reactor),
+        transport=PinnedAgentTransport(reactor, persistent=False), clock=reactor,
+    )  # fmt: skip
     return WebhookSender(clock=reactor, client=client, key=KEY, deliveries=deliveries, **kw)
 
 
@@ -85,15 +93,14 @@ async def test_terminal_event_is_retried_until_delivered_once(receiver_site) -> 
     every attempt signed, one webhook-id across the retries."""
     receiver = Receiver(fail_first=3)
     url = receiver_site(receiver)
-    pool = HTTPConnectionPool(reactor, persistent=False)
     registry = CollectorRegistry()
-    sender = make_sender(pool, registry, delays=[0.01] * 11)
+    sender = make_sender(registry, delays=[0.01] * 11)
     status = {"job_id": "job_a", "state": "done", "result": {"code": 0}}
     outcome = await sender.send("job_a", url, "completed", status, terminal=True)
     assert outcome == "delivered"
     assert len(receiver.attempts) == 4 and len(receiver.delivered) == 1
     assert all(a["signed"] for a in receiver.attempts)
-    assert {a["headers"]["webhook-id"] for a in receiver.attempts} == {"job_a.1"}
+    assert {a["headers"]["webhook-id"] for a in receiver.attempts} == {"job_a.completed"}
     assert receiver.delivered[0]["body"] == status
     assert receiver.delivered[0]["headers"]["content-type"] == "application/json"
     assert outcome_count(registry, "completed", "delivered") == 1
@@ -106,8 +113,7 @@ async def test_a_4xx_answer_is_final_and_counted_failed(receiver_site) -> None:
     receiver = Receiver(fail_first=100, fail_code=400)
     url = receiver_site(receiver)
     registry = CollectorRegistry()
-    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), registry,
-                         delays=[0.01] * 11)  # fmt: skip
+    sender = make_sender(registry, delays=[0.01] * 11)
     assert (
         await sender.send("job_b", url, "completed", {"state": "done"}, terminal=True) == "failed"
     )
@@ -130,7 +136,7 @@ async def test_a_redirect_is_not_followed(receiver_site) -> None:
             return b""
 
     url = receiver_site(Redirect())
-    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), CollectorRegistry())
+    sender = make_sender(CollectorRegistry())
     assert (
         await sender.send("job_c", url, "completed", {"state": "done"}, terminal=True) == "failed"
     )
@@ -144,8 +150,7 @@ async def test_connection_refused_gives_up_after_every_attempt() -> None:
     dead = f"http://127.0.0.1:{port.getHost().port}/hook"
     await port.stopListening()
     registry = CollectorRegistry()
-    sender = make_sender(HTTPConnectionPool(reactor, persistent=False), registry,
-                         delays=[0.001] * 3)  # fmt: skip
+    sender = make_sender(registry, delays=[0.001] * 3)
     assert await sender.send("job_d", dead, "completed", {"state": "failed"}, terminal=True) == (
         "failed"
     )
@@ -162,8 +167,10 @@ class CountingClient:
 
     def post(self, url: str, **kwargs: Any) -> Deferred[Any]:
         self.calls.append((self.clock.seconds(), kwargs["headers"]))
-        code = self.statuses.pop(0)
+        return succeed(self._answer(self.statuses.pop(0)))
 
+    @staticmethod
+    def _answer(code: int) -> Any:
         class Answer:
             def __init__(self) -> None:
                 self.code = code
@@ -171,14 +178,15 @@ class CountingClient:
             def deliverBody(self, protocol: Any) -> None:
                 protocol.connectionLost(None)
 
-        return succeed(Answer())
+        return Answer()
 
 
 def test_default_policy_doubles_from_100_ms_and_stops_at_twelve() -> None:
-    """On a Clock: attempts at 0, 0.1, 0.3, 0.7 … s; twelve in all, then failed."""
+    """On a Clock, with the jitter's draw at its top: attempts at 0, 0.1, 0.3, 0.7 … s;
+    twelve in all, then failed."""
     clock = Clock()
     client = CountingClient(clock, [503] * 12)
-    sender = WebhookSender(clock=clock, client=client, key=KEY)
+    sender = WebhookSender(clock=clock, client=client, key=KEY, random=lambda: 1.0)
     outcome: list[str] = []
     sender.send("job_e", "http://h/x", "completed", {}, terminal=True).addCallback(outcome.append)
     for _ in range(400):
@@ -204,13 +212,95 @@ def test_progress_events_are_throttled_and_never_retried() -> None:
     assert len(client.calls) == 1
 
 
-def test_message_ids_count_per_job_and_unsigned_without_a_secret() -> None:
-    """Each message of a job gets the next id; with no secret there is no signature header."""
+def test_message_ids_name_the_event_and_unsigned_without_a_secret() -> None:
+    """Each message's id names its event; with no secret there is no signature header."""
     clock = Clock()
-    client = CountingClient(clock, [200, 200])
+    client = CountingClient(clock, [200, 200, 200])
     sender = WebhookSender(clock=clock, client=client, key=None)
-    sender.send("job_g", "http://h/x", "start", {}, terminal=False)
-    sender.send("job_g", "http://h/x", "completed", {}, terminal=True)
+    sender.send("job_g", "http://h/x", "start", {"state": "running"}, terminal=False)
+    sender.send("job_g", "http://h/x", "progress", {"progress": {"step": 2, "total": 5}},
+                terminal=False)  # fmt: skip
+    sender.send("job_g", "http://h/x", "completed", {"state": "done"}, terminal=True)
     ids = [h[b"webhook-id"][0] for _, h in client.calls]
-    assert ids == [b"job_g.1", b"job_g.2"]
+    assert ids == [b"job_g.start", b"job_g.progress.2", b"job_g.completed"]
     assert all(b"webhook-signature" not in h for _, h in client.calls)
+
+
+def test_ids_agree_across_two_replicas_and_a_re_run() -> None:
+    """Replica A sends start and progress 1-2 and dies; replica B re-runs the job and sends
+    start, progress 1-3 and completed: every event both sent has one id, and the
+    terminal event's id is none of A's, so a de-duplicating receiver keeps it."""
+    ids: dict[str, list[bytes]] = {}
+    for replica, steps, ends in (("a", [1, 2], False), ("b", [1, 2, 3], True)):
+        clock = Clock()
+        client = CountingClient(clock, [200] * 8)
+        sender = WebhookSender(clock=clock, client=client, key=KEY)
+        sender.send("job_r", "http://h/x", "start", {"state": "running"}, terminal=False)
+        for step in steps:
+            clock.advance(1.0)  # past the progress throttle
+            sender.send("job_r", "http://h/x", "progress",
+                        {"progress": {"step": step, "total": 3}}, terminal=False)  # fmt: skip
+        if ends:
+            sender.send("job_r", "http://h/x", "completed", {"state": "done"}, terminal=True)
+        ids[replica] = [h[b"webhook-id"][0] for _, h in client.calls]
+    assert ids["b"][: len(ids["a"])] == ids["a"]
+    assert ids["b"][-1] == b"job_r.completed" and b"job_r.completed" not in ids["a"]
+    assert len(set(ids["b"])) == len(ids["b"])
+
+
+def test_retry_waits_are_jittered_within_half_to_all_of_the_policy() -> None:
+    """With draws 0, 0.5 and 1 the waits are 50 %, 75 % and 100 % of the policy's
+    delays: bounded by the policy, never shorter than half of it."""
+    clock = Clock()
+    client = CountingClient(clock, [503, 503, 503, 200])
+    draws = iter([0.0, 0.5, 1.0])
+    sender = WebhookSender(clock=clock, client=client, key=KEY, delays=[1.0, 2.0, 4.0],
+                           random=lambda: next(draws))  # fmt: skip
+    outcome: list[str] = []
+    sender.send("job_j", "http://h/x", "completed", {}, terminal=True).addCallback(outcome.append)
+    for _ in range(100):
+        clock.advance(0.125)
+    assert outcome == ["delivered"]
+    times = [t for t, _ in client.calls]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps == pytest.approx([0.5, 1.5, 4.0], abs=0.125)
+
+
+class HangingClient:
+    """Never answers: every message stays in flight until the test fires it."""
+
+    def __init__(self) -> None:
+        self.pending: list[Deferred[Any]] = []
+
+    def post(self, url: str, **kwargs: Any) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.pending.append(d)
+        return d
+
+
+def test_deliveries_over_the_caps_are_dropped_and_counted() -> None:
+    """A receiver that never answers holds at most 2 messages (the per-host cap); more to
+    it are dropped and counted, another host still gets its own until the global cap of
+    3; once a message ends, one more is admitted."""
+    clock, registry = Clock(), CollectorRegistry()
+    deliveries = Counter("mortred_webhook_deliveries", "d", ["event", "outcome"],
+                         registry=registry)  # fmt: skip
+    client = HangingClient()
+    sender = WebhookSender(clock=clock, client=client, key=KEY, deliveries=deliveries,
+                           max_inflight=3, max_inflight_per_host=2)  # fmt: skip
+    outcomes: list[str] = []
+
+    def send(job: str, url: str) -> None:
+        sender.send(job, url, "completed", {}, terminal=True).addCallback(outcomes.append)
+
+    for job in ("j1", "j2", "j3"):
+        send(job, "http://stuck.example.com/x")
+    assert outcomes == ["dropped"] and sender.inflight == 2
+    send("j4", "http://other.example.com/x")
+    send("j5", "http://other.example.com/x")
+    assert outcomes == ["dropped", "dropped"] and sender.inflight == 3
+    assert outcome_count(registry, "completed", "dropped") == 2
+    client.pending[0].callback(CountingClient(clock, [])._answer(200))
+    assert outcomes[-1] == "delivered" and sender.inflight == 2
+    send("j6", "http://other.example.com/x")
+    assert sender.inflight == 3 and len(client.pending) == 4
