@@ -60,6 +60,8 @@ class GatewaySettings:
     port: int = 8080
     request_size_limit_mb: float = 16.0
     max_connections: int = 1024
+    max_connections_per_client: int = 64  # per client address; 0 = no cap
+    body_budget_mb: float = 256.0  # request bodies held at once; 0 = no budget
     upstream_send_timeout_ms: int = 30000
     upstream_recv_timeout_ms: int = 180000
     api_keys: str = "conf/api_keys.toml"
@@ -68,6 +70,10 @@ class GatewaySettings:
     @property
     def request_size_limit_bytes(self) -> int:
         return int(self.request_size_limit_mb * 1024 * 1024)
+
+    @property
+    def body_budget_bytes(self) -> int:
+        return int(self.body_budget_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,8 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "port": (int,),
         "request_size_limit_mb": (int, float),
         "max_connections": (int,),
+        "max_connections_per_client": (int,),
+        "body_budget_mb": (int, float),
         "upstream_send_timeout_ms": (int,),
         "upstream_recv_timeout_ms": (int,),
         "api_keys": (str,),
@@ -147,6 +155,8 @@ _RANGES: dict[str, tuple[float, float | None]] = {
     "probe_interval_ms": (10, None),
     "request_size_limit_mb": (0.001, 4096),
     "max_connections": (1, None),
+    "max_connections_per_client": (0, None),
+    "body_budget_mb": (0, 1048576),
     "upstream_send_timeout_ms": (1, None),
     "upstream_recv_timeout_ms": (1, None),
     "max_persistent_per_host": (1, 10000),

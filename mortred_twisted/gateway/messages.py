@@ -71,10 +71,13 @@ class ProxyRequest:
         "clientproto",
         "code",
         "content",
+        "decided",
+        "held",
         "keep_alive",
         "method",
         "path",
         "peer",
+        "producer",
         "requestHeaders",
         "responseHeaders",
         "started",
@@ -96,10 +99,21 @@ class ProxyRequest:
         self.peer: Any = None  # the client's address (IAddress), set by the connection
         self.channel: Any = None  # the connection, for streamed answers (write)
         self.started = False  # a streamed answer's head was sent
+        self.held = 0  # body bytes held against the server's budget
+        self.producer: Any = None  # a streamed answer's source (IPushProducer)
+        self.decided: Any = None  # what the app decided from the head, for dispatch
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now, as the next piece of a streamed answer."""
         self.channel.write_body(self, data)
+
+    def registerProducer(self, producer: Any, streaming: bool = True) -> None:
+        """A streamed answer's source: paused while the client does not read (the
+        connection's write flow control), resumed once it did. Push producers only."""
+        self.producer = producer
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
 
     def getClientAddress(self) -> Any:
         return self.peer
@@ -193,12 +207,15 @@ def encode_chunk(data: bytes) -> bytes:
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-def error_response(status: int, message: str, server: bytes = _SERVER) -> bytes:
+def error_response(
+    status: int, message: str, server: bytes = _SERVER, retry_after: int | None = None
+) -> bytes:
     """A server-made JSON error that closes the connection."""
     body = json.dumps({"error": message}).encode("utf-8")
+    retry = b"" if retry_after is None else b"Retry-After: %d\r\n" % retry_after
     return b"".join(
         (
-            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error")),
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error")), retry,
             b"Content-Type: ", _JSON, b"\r\nCache-Control: no-store\r\n",
             b"Content-Length: %d\r\nDate: " % len(body), http_date(),
             b"\r\nServer: ", server, b"\r\nConnection: close\r\n\r\n", body,

@@ -5,7 +5,8 @@ Names: ``mortred_gateway_requests_total{route,status}``,
 ``mortred_gateway_upstream_errors_total{kind}``,
 ``mortred_gateway_auth_failures_total{reason}``,
 ``mortred_gateway_inflight_requests``, ``mortred_gateway_api_keys``,
-``mortred_gateway_key_reloads_total{result}``.
+``mortred_gateway_key_reloads_total{result}``, and the edge limits
+(:mod:`~mortred_twisted.metrics.edge`): ``mortred_gateway_body_bytes_held``, …
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from mortred_twisted.metrics.edge import EdgeLimitsCollector
 from mortred_twisted.metrics.requests import RequestStats
 
 #: Upstream latency buckets (ms), up to the default 180 s upstream receive timeout.
@@ -83,6 +85,11 @@ class GatewayMetrics:
         self.key_reloads = Counter(
             "mortred_gateway_key_reloads", "API key reloads", ["result"], registry=r
         )
+
+    def watch_server(self, server: object) -> None:
+        """Export the server's edge limits (body budget, per-address cap, write
+        pauses) as ``mortred_gateway_*`` families."""
+        self.registry.register(EdgeLimitsCollector("mortred_gateway", server))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -31,11 +31,30 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
   :data:`MAX_HEAD` bytes or :data:`MAX_HEADERS` fields (431). An ``Upgrade`` request
   is answered as a plain request, then the connection closes (``CONNECT``'s
   authority-form target is a 400).
-* A body over ``max_body_bytes`` (declared, or while a chunked body grows) is
-  answered ``413`` as soon as that is known, with ``Connection: close``; no
-  ``100 Continue`` is sent, the rest is not read and no route runs. ``Expect:
-  100-continue`` is otherwise answered ``100 Continue`` once the head is accepted
-  and the request is next in line.
+* **Decided from the head.** A request that carries a body (``Content-Length`` >
+  0 or chunked) is judged when its head is complete, before a body byte is read or
+  ``100 Continue`` is sent: first the app's ``refuse_head`` (route, method,
+  credentials, ``Content-Type``: 401/403/404/405/415, and its own 413), then
+  ``max_body_bytes`` (413), then the process's **body budget** (503 +
+  ``Retry-After``: the bytes of request bodies held at once, declared lengths
+  reserved from the head, chunked ones as they grow, released when the request
+  is answered). A refusal is answered with ``Connection: close`` and the rest is
+  not read. A chunked body that grows over a limit is refused as soon as it does.
+  ``Expect: 100-continue`` is otherwise answered ``100 Continue`` once the head is
+  accepted and the request is next in line.
+* **Per-address cap:** a client address with ``max_connections_per_address``
+  connections open gets no more (the new one is closed at once, and counted).
+* **Write flow control** (uvicorn's): once an answer does not fit in the socket,
+  the connection registers itself as the transport's streaming producer; while
+  Twisted's write buffer is over its high-water mark (``bufferSize``) the
+  connection reads nothing, dispatches no pipelined request, and pauses a
+  streamed answer's producer (``request.registerProducer``); all resume once the
+  buffer drained. A streamed answer without a producer that keeps writing while
+  paused is cut after :data:`MAX_PAUSED_WRITE` bytes (a client that does not read
+  cannot make the process hold its stream).
+* An exception while an answer is produced or written is logged and closes that
+  connection (it is never left busy). A ``HEAD`` answer carries no body, a
+  streamed one no chunk (not even the last).
 * Deadlines, checked by one sweep every few seconds (no timer per request): a head
   still incomplete ``read_timeout_s`` after its first byte, or a body still
   incomplete ``read_timeout_s`` after its head, is answered 408 (a client
@@ -109,13 +128,22 @@ IDLE_TIMEOUT_S = 60.0
 #: the end of the head).
 READ_TIMEOUT_S = 60.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: Bytes a streamed answer without a producer may write while the client does not
+#: read, before its connection is cut.
+MAX_PAUSED_WRITE = 1024 * 1024
 #: Seconds a closed connection may take to flush its last answer before it is aborted
 #: (twisted.web's ``abortTimeout``): a client that stops reading cannot hold it open.
 ABORT_TIMEOUT_S = 15.0
 
 
 class App(TypingProtocol):
-    """What the server serves: :class:`~mortred_twisted.http.gateway.GatewayApp`."""
+    """What the server serves: :class:`~mortred_twisted.http.gateway.GatewayApp`.
+
+    An app may also define ``refuse_head(request, length) -> bytes | None``: called
+    on the head of every request that carries a body (``length``: the declared
+    ``Content-Length``, or -1 when chunked), before any of the body is read. It
+    returns None to let the request in, or the body of a refusal whose status and
+    headers it set on ``request`` (answered with ``Connection: close``)."""
 
     def dispatch(self, request: Any) -> bytes | defer.Deferred[bytes]: ...
 
@@ -164,11 +192,21 @@ class GatewayConnection(Protocol):
         self._peer_address: Any = None
         self._abort_call: Any = None
         self.last_active = 0.0
+        #: body bytes this connection holds against the factory's budget
+        self._held = 0
+        #: write flow control: registered as the transport's producer; paused
+        self._producing = False
+        self._write_paused = False
+        self._paused_writes = 0  # stream bytes written while paused, no producer
+        self._released_all = False
+        self._address = ""
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
-        self._writer = EagerWriter(self.transport)
+        self._writer = EagerWriter(self.transport, on_backlog=self._write_backlog)
         self._peer_address = self.transport.getPeer()  # one object per connection
+        self._address = self._peer()
+        self.factory.address_opened(self._address)
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)  # answers are single writes: never wait for an ACK
@@ -221,8 +259,15 @@ class GatewayConnection(Protocol):
         cl = headers._items.get(b"content-length")
         length = int(cl[1][0]) if cl is not None else 0  # one value of digits: llhttp's
         factory = self.factory
-        if length > factory.max_body_bytes:
-            self._stop(factory.too_large(request, length))
+        if length or b"transfer-encoding" in headers._items:
+            refusal = factory.judge_head(request, length if cl is not None else -1)
+            if refusal is not None:
+                self._stop(refusal)
+            if length:
+                if not factory.reserve_body(length):
+                    self._stop(factory.over_budget())
+                self._held += length
+                request.held = length
         self._request = request
         self._parts = []
         self._body_size = 0
@@ -240,9 +285,17 @@ class GatewayConnection(Protocol):
     def on_body(self, data: bytes) -> None:
         self._reads = 0
         self._body_size += len(data)
-        if self._body_size > self.factory.max_body_bytes:
-            assert self._request is not None
-            self._stop(self.factory.too_large(self._request, self._body_size))
+        request = self._request
+        assert request is not None
+        factory = self.factory
+        if self._body_size > factory.max_body_bytes:
+            self._stop(factory.too_large(request, self._body_size))
+        grown = self._body_size - request.held
+        if grown > 0:  # a chunked body (a declared one never grows past its length)
+            if not factory.reserve_body(grown):
+                self._stop(factory.over_budget())
+            self._held += grown
+            request.held += grown
         self._parts.append(data)
 
     def on_message_complete(self) -> None:
@@ -298,7 +351,7 @@ class GatewayConnection(Protocol):
             self._refusal = Refusal(431, f"{what} too large")
             self._queue.append(_REFUSED)
             self._stopped = True
-        if self._busy:
+        if self._busy or self._write_paused:
             self._backlog += len(data)
             if self._backlog > MAX_PIPELINED and not self._paused:
                 self._paused = True
@@ -323,7 +376,7 @@ class GatewayConnection(Protocol):
             return  # an answer given synchronously, inside the loop below
         self._advancing = True
         try:
-            while not self._busy and self._queue and not self._closed:
+            while not self._busy and self._queue and not self._closed and not self._write_paused:
                 item = self._queue.popleft()
                 if item is _REFUSED:
                     assert self._refusal is not None
@@ -332,7 +385,7 @@ class GatewayConnection(Protocol):
                 self._dispatch(*item)
         finally:
             self._advancing = False
-        if not self._busy and not self._closed:
+        if not self._busy and not self._closed and not self._write_paused:
             if self._paused:
                 self._paused = False
                 self.transport.resumeProducing()
@@ -374,21 +427,38 @@ class GatewayConnection(Protocol):
                 request.keep_alive = False  # the close ends the body
             writer.write(encode_stream_head(request, chunked, self.factory.server_header))
         if data and request.method != b"HEAD":
+            if self._write_paused and request.producer is None:
+                self._paused_writes += len(data)
+                if self._paused_writes > MAX_PAUSED_WRITE:
+                    log.warn("cut a stream its client does not read: {peer}", peer=self._peer())
+                    self._close(abort=True)
+                    return
             writer.write(encode_chunk(data) if chunked else data)
         self.last_active = self.factory.clock.seconds()
 
     def _answer(self, body: bytes, request: ProxyRequest) -> None:
         self._pending = None
+        self._release(request)
         if self._closed:
             return
         close = not request.keep_alive or self._draining
         assert self._writer is not None
-        if request.started:  # the end of a streamed answer
-            self.write_body(request, body)
-            if request.clientproto == b"HTTP/1.1":
-                self._writer.write(LAST_CHUNK)
-        else:
-            self._writer.write(encode_response(request, body, close, self.factory.server_header))
+        try:
+            if request.started:  # the end of a streamed answer
+                self.write_body(request, body)
+                if request.clientproto == b"HTTP/1.1" and request.method != b"HEAD":
+                    self._writer.write(LAST_CHUNK)
+            else:
+                self._writer.write(
+                    encode_response(request, body, close, self.factory.server_header)
+                )
+        except Exception:
+            log.failure("writing the answer to {path} failed", path=request.path)
+            self._busy = False
+            self._close(abort=True)
+            return
+        if self._closed:  # cut while writing (a stream its client did not read)
+            return
         if self.factory.access_log:
             self.factory.log_access(self._peer(), request, len(body))
         self._busy = False
@@ -400,6 +470,7 @@ class GatewayConnection(Protocol):
 
     def _failed(self, failure: Failure, request: ProxyRequest) -> None:
         self._pending = None
+        self._release(request)
         if failure.check(defer.CancelledError) or self._closed:
             return
         if request.started:  # a streamed answer broke off: the client must see it cut
@@ -426,14 +497,72 @@ class GatewayConnection(Protocol):
         self.factory.refused(refusal.status)
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, abort: bool = False) -> None:
         self._closed = self._stopped = True
         self._busy = False
         self._queue.clear()
         self._parts = []
+        if abort:
+            self.transport.abortConnection()
+            return
+        if self._producing:  # else the transport waits for us before it closes
+            self._producing = False
+            self.transport.unregisterProducer()
         self.transport.loseConnection()
         if self._abort_call is None:
             self._abort_call = self.factory.clock.callLater(ABORT_TIMEOUT_S, self._abort)
+
+    def _release(self, request: ProxyRequest) -> None:
+        """Give ``request``'s body bytes back to the factory's budget (once: a lost
+        connection gave back all it held)."""
+        if request.held:
+            if not self._released_all:
+                self.factory.release_body(request.held)
+                self._held -= request.held
+            request.held = 0
+
+    # -- write flow control (IPushProducer of the transport) -------------------------
+
+    def _write_backlog(self) -> None:
+        """The socket did not take a whole write (Twisted holds the rest): from now
+        on, let the transport tell us when its buffer is over/under its mark."""
+        transport = self.transport
+        if not self._producing and not self._closed and transport.producer is None:
+            self._producing = True
+            transport.registerProducer(self, True)
+
+    def pauseProducing(self) -> None:
+        """The transport's write buffer is over its high-water mark: stop reading,
+        dispatching and streaming until it drained."""
+        if self._write_paused or self._closed:
+            return
+        self._write_paused = True
+        self._paused_writes = 0
+        self.factory.write_pauses += 1
+        if not self._paused:
+            self._paused = True
+            self.transport.pauseProducing()
+        request = self._current
+        if self._busy and request is not None and request.producer is not None:
+            request.producer.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        """The write buffer drained: read, dispatch and stream again."""
+        if not self._write_paused or self._closed:
+            return
+        self._write_paused = False
+        request = self._current
+        if self._busy and request is not None and request.producer is not None:
+            request.producer.resumeProducing()
+        if self._busy:
+            if self._paused and self._backlog <= MAX_PIPELINED:
+                self._paused = False
+                self.transport.resumeProducing()
+            return
+        self._next()
+
+    def stopProducing(self) -> None:
+        """The transport is going away (connectionLost follows)."""
 
     def _abort(self) -> None:
         """The last answer was not read within ``ABORT_TIMEOUT_S`` of the close."""
@@ -484,6 +613,11 @@ class GatewayConnection(Protocol):
                 self._abort_call.cancel()
             self._abort_call = None
         self._queue.clear()
+        if self._held:
+            self.factory.release_body(self._held)
+            self._held = 0
+        self._released_all = True
+        self.factory.address_closed(self._address)
         self.factory.forget(self)
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -515,11 +649,24 @@ class GatewayServerFactory(Factory):
         read_timeout_s: float = READ_TIMEOUT_S,
         access_log: bool = False,
         on_refused: Callable[[int], None] | None = None,
+        body_budget_bytes: int = 0,
+        max_connections_per_address: int = 0,
     ) -> None:
         self.app = app
         self.clock = clock
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
+        #: bytes of request bodies held at once, all connections (0: no budget)
+        self.body_budget_bytes = body_budget_bytes
+        self.body_bytes_held = 0
+        self.max_connections_per_address = max_connections_per_address
+        self._per_address: dict[str, int] = {}
+        #: counters for metrics: connections refused by the per-address cap, heads
+        #: refused by the body budget, times a connection paused for its writes
+        self.address_refusals = 0
+        self.budget_refusals = 0
+        self.write_pauses = 0
+        self._refuse_head = getattr(app, "refuse_head", None)
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.access_log = access_log
@@ -539,9 +686,59 @@ class GatewayServerFactory(Factory):
             return None
         if self.max_connections and len(self.connections) >= self.max_connections:
             return None
+        cap = self.max_connections_per_address
+        if cap and self._per_address.get(str(getattr(addr, "host", "")), 0) >= cap:
+            self.address_refusals += 1
+            return None
         conn = GatewayConnection(self)
         self.connections.add(conn)
         return conn
+
+    def address_opened(self, address: str) -> None:
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+
+    def address_closed(self, address: str) -> None:
+        left = self._per_address.get(address, 0) - 1
+        if left > 0:
+            self._per_address[address] = left
+        else:
+            self._per_address.pop(address, None)
+
+    def connections_from(self, address: str) -> int:
+        return self._per_address.get(address, 0)
+
+    # -- decisions from the head --------------------------------------------------------
+
+    def judge_head(self, request: ProxyRequest, length: int) -> Refusal | None:
+        """The refusal of a request that carries a body, from its head alone (see the
+        module docstring): the app's own decision, then ``max_body_bytes``."""
+        refuse = self._refuse_head
+        if refuse is not None:
+            body = refuse(request, length)
+            if body is not None:
+                answer = encode_response(request, body, True, self.server_header)
+                return Refusal(request.code, "", answer)
+        if length > self.max_body_bytes:
+            return self.too_large(request, length)
+        return None
+
+    def reserve_body(self, n: int) -> bool:
+        """Take ``n`` bytes of the body budget; False (nothing taken) when over it."""
+        budget = self.body_budget_bytes
+        if budget and self.body_bytes_held + n > budget:
+            self.budget_refusals += 1
+            return False
+        self.body_bytes_held += n
+        return True
+
+    def release_body(self, n: int) -> None:
+        self.body_bytes_held -= n
+
+    def over_budget(self) -> Refusal:
+        """The refusal of a body that does not fit in the process's body budget."""
+        message = "server busy: too many request bodies in progress; retry later"
+        answer = self.refusal_response(503, message, HeaderMap(), retry_after=1)
+        return Refusal(503, message, answer)
 
     def forget(self, conn: GatewayConnection) -> None:
         self.connections.discard(conn)
@@ -568,10 +765,12 @@ class GatewayServerFactory(Factory):
         """The refusal of a body over ``max_body_bytes`` (declared, or read so far)."""
         return Refusal(413, self.too_large_message)
 
-    def refusal_response(self, status: int, message: str, headers: HeaderMap) -> bytes:
+    def refusal_response(
+        self, status: int, message: str, headers: HeaderMap, retry_after: int | None = None
+    ) -> bytes:
         """The answer to a request the server refuses itself; ``headers``: those of
         the request being read (empty when the refusal came before them)."""
-        return error_response(status, message, self.server_header)
+        return error_response(status, message, self.server_header, retry_after)
 
     def refused(self, status: int) -> None:
         if self._on_refused is not None:

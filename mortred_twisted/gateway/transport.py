@@ -7,6 +7,7 @@ which both send each message in one write. Public Twisted API only: the socket f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import tcp
@@ -25,11 +26,17 @@ class EagerWriter:
     the ones Twisted holds (Twisted reports a send error as a lost connection).
     """
 
-    __slots__ = ("_socket", "_transport")
+    __slots__ = ("_on_backlog", "_socket", "_transport")
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Any, on_backlog: Callable[[], None] | None = None) -> None:
         self._transport = transport
         self._socket = transport.getHandle() if type(transport) in _PLAIN_TCP else None
+        #: called once, when Twisted first holds bytes of ours (write flow control);
+        #: at once for a transport whose socket is not used directly
+        self._on_backlog = on_backlog
+        if self._socket is None and on_backlog is not None:
+            self._on_backlog = None
+            on_backlog()
 
     def write(self, data: bytes) -> None:
         transport = self._transport
@@ -48,4 +55,7 @@ class EagerWriter:
                 return
             self._socket = None  # Twisted holds bytes now: it writes all the rest
             data = data[sent:]
+            if self._on_backlog is not None:
+                on_backlog, self._on_backlog = self._on_backlog, None
+                on_backlog()
         transport.write(data)

@@ -20,9 +20,11 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from twisted.web.http import Headers
 from twisted.web.iweb import IRequest
+from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
@@ -58,6 +60,7 @@ class EdgeBase:
 
     runtime: ModelRuntime
     config: ServerConfig
+    app: Any  # the Klein app (its werkzeug map decides 404/405 from a head)
     _token: str | None
     _rate_limiter: RateLimiter | None
 
@@ -161,24 +164,53 @@ class EdgeBase:
         self, method: bytes, path: bytes, headers: Headers, length: int
     ) -> EarlyResponse:
         """The response for a body over the limit, honouring 405 → 401 → 415 → 413."""
-        route_path = path.split(b"?", 1)[0].decode("latin-1")
-        is_job_route = route_path == "/jobs" or route_path.startswith("/jobs/")
-        post_paths = {self.config.server_uri.rstrip("/") or "/", "/jobs"}
+        answer = self.refuse_from_head(method, path, headers, length)
+        if answer is None:  # within the limit after all (a chunked body that grew)
+            answer = self._early_response(path, headers, self._too_large())
+        return answer
+
+    def refuse_from_head(
+        self, method: bytes, path: bytes, headers: Headers, length: int
+    ) -> EarlyResponse | None:
+        """The answer to a request with a body, decided from its head alone (before
+        a body byte is read), or None to read it: 404 (no route) → 405 → 401 → 415
+        (POST routes: the body must be JSON) → 413 (``length`` over the limit; -1:
+        chunked, checked while it is read)."""
+        route_path = path.split(b"?", 1)[0]
+        try:
+            path_info = unquote_to_bytes(route_path).decode("utf-8")
+        except UnicodeDecodeError:
+            path_info = ""
+        mapper = self.app.url_map.bind(
+            "localhost", path_info=path_info, default_method=method.decode("latin-1")
+        )
         err: ApiError | None = None
-        if route_path.rstrip("/") not in post_paths or method.upper() != b"POST":
-            allow = "POST" if route_path.rstrip("/") in post_paths else "GET"
+        try:
+            mapper.match()
+        except MethodNotAllowed as exc:
+            allow = ", ".join(sorted(exc.valid_methods or []))
             err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
+        except NotFound:
+            err = ApiError(E.NOT_FOUND, f"not found: {route_path.decode('latin-1')}")
         if err is None:
             err = self._auth_error(headers)
-        if err is None and not is_json_content_type(
-            headers.getRawHeaders(b"content-type", [None])[0]
-        ):
+        content_type = headers.getRawHeaders(b"content-type", [None])[0]
+        if err is None and method.upper() == b"POST" and not is_json_content_type(content_type):
             err = ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
-        if err is None:
+        if err is None and length > self.config.request_size_limit_bytes:
             err = self._too_large()
+        if err is None:
+            return None
+        return self._early_response(path, headers, err)
+
+    def _early_response(self, path: bytes, headers: Headers, err: ApiError) -> EarlyResponse:
+        """``err`` as the route would render it (job routes: ``{"error", "code"}``;
+        the sync route: an envelope), with ``X-Request-ID``."""
+        route_path = path.split(b"?", 1)[0].decode("latin-1")
+        is_job_route = route_path == "/jobs" or route_path.startswith("/jobs/")
         rid_raw = headers.getRawHeaders(b"x-request-id", [b""])[0]
         req_id = rid_raw.decode("utf-8", "replace")[:256] or new_request_id()
-        if is_job_route:
+        if is_job_route or err.code == E.NOT_FOUND:
             body = json_bytes({"error": err.message, "code": err.code})
         else:
             body = render_error(req_id, err.code, err.message)

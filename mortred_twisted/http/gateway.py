@@ -6,7 +6,9 @@ parses the request, calls them in the contract's order and renders.
 
 Order for a public route: path shape (404 when nothing matches) → method (405 + Allow)
 → credentials (401 + WWW-Authenticate, 403 scope, 429 + Retry-After per key) → model id
-(404) → forward. The body-size limit (413) runs earlier, in the ``Site``'s request.
+(404) → forward. For a request that carries a body all of that is decided from its
+head (:meth:`GatewayApp.refuse_head`, then 415 for a non-JSON body on a POST route,
+then the body-size limit, 413), before any of the body is read.
 Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies pass
 through unchanged, except job URLs: the submit's 202 ``Location`` and the
 ``poll_url``/``result_url`` fields (of the 202, of 200 poll/wait views and cancel
@@ -74,6 +76,7 @@ from mortred_twisted.gateway.routing import (
 from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.gateway.upstream_stream import UpstreamStream
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
+from mortred_twisted.http.edge import is_json_content_type
 from mortred_twisted.http.fastpath import respond_when_fired
 
 log = Logger()
@@ -101,6 +104,8 @@ _JOB_ROUTES = frozenset(
         RouteKind.EVENTS,
     }
 )
+#: Routes whose body must be JSON (415 from the head otherwise, as on the model).
+_JSON_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY})
 #: 2xx answers whose JSON body repeats job URLs.
 _REWRITTEN = {
     RouteKind.POLL: (200,),
@@ -203,6 +208,45 @@ class GatewayApp:
     @app.route("/", branch=True)
     def dispatch(self, request: Any) -> Any:
         """Every path: health, metrics, the T15 table and the legacy sync routes."""
+        judged = getattr(request, "decided", None) or self._judge(request)
+        if isinstance(judged, bytes):
+            return judged
+        route, decision, rid = judged
+        headers = self._forward_headers(request, route.kind, rid, decision)
+        data = None
+        content = request.content
+        if content is not None:
+            content.seek(0, 2)
+            length = content.tell()
+            if length:
+                data = self.upstream.body_for(content, length)
+        method = request.method.decode("ascii", "replace")
+        return self._forward(request, route, method, headers, data)
+
+    def refuse_head(self, request: Any, length: int) -> bytes | None:
+        """The server's question on the head of a request that carries a body
+        (before any of it is read or ``100 Continue`` is sent): the answer when the
+        route, method, credentials, model id or ``Content-Type`` refuse it (404,
+        405, 401, 403, 429, 415), else None, and :meth:`dispatch` goes on from what
+        was decided here (the per-key rate limit is taken once)."""
+        if request.path in (b"/healthz", b"/metrics"):
+            return None  # answered by dispatch (a body there is ignored)
+        judged = self._judge(request)
+        if isinstance(judged, bytes):
+            return judged
+        route = judged[0]
+        if route.kind in _JSON_BODY and not is_json_content_type(
+            request.getHeader(b"content-type")
+        ):
+            return self._error(
+                request, 415, "content type must be application/json", route.kind.value
+            )
+        request.decided = judged
+        return None
+
+    def _judge(self, request: Any) -> Any:
+        """Everything decided before forwarding: the answer (bytes) to a request
+        that ends here, or ``(route, decision, request id)`` to forward."""
         path = request.path.decode("latin-1")
         method = request.method.decode("ascii", "replace")
         rid = request.getHeader(b"x-request-id")
@@ -234,15 +278,7 @@ class GatewayApp:
             route = resolve(m, self.catalog, query, self.upstreams)
         except RouteError as e:
             return self._error(request, e.status, e.message, label, e.headers)
-        headers = self._forward_headers(request, route.kind, rid, decision)
-        data = None
-        content = request.content
-        if content is not None:
-            content.seek(0, 2)
-            length = content.tell()
-            if length:
-                data = self.upstream.body_for(content, length)
-        return self._forward(request, route, method, headers, data)
+        return route, decision, rid
 
     def _metrics(self, request: Any, method: str) -> bytes:
         if method not in ("GET", "HEAD"):

@@ -195,16 +195,21 @@ class ModelPortFactory(GatewayServerFactory):
         body_limit: int,
         early_reject: EarlyReject,
         request_id: Callable[[], str],
+        refuse_from_head: Callable[..., EarlyResponse | None] | None = None,
         max_connections: int = 0,
         read_timeout_s: float = 60.0,
         idle_timeout_s: float = 0.0,
         access_log: bool = False,
+        max_connections_per_address: int = 0,
+        body_budget_bytes: int = 0,
     ) -> None:
         super().__init__(
             app,
             clock=clock,
             max_body_bytes=body_limit,
             max_connections=max_connections,
+            max_connections_per_address=max_connections_per_address,
+            body_budget_bytes=body_budget_bytes,
             idle_timeout_s=idle_timeout_s,
             read_timeout_s=read_timeout_s,
             access_log=access_log,
@@ -212,9 +217,25 @@ class ModelPortFactory(GatewayServerFactory):
         self.port_app = app
         self._early_reject = early_reject
         self._request_id = request_id
+        self._refuse_from_head = refuse_from_head or (
+            lambda method, uri, headers, length: (
+                early_reject(method, uri, headers, length) if length > body_limit else None
+            )
+        )
 
     def when_idle(self) -> Deferred[None]:
         return self.port_app.when_idle()
+
+    def judge_head(self, request: ProxyRequest, length: int) -> Refusal | None:
+        """From the head of a request with a body: the model server's own decision
+        (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.edge.EdgeBase.
+        refuse_from_head`), shaped as the route would answer it."""
+        answer = self._refuse_from_head(request.method, request.uri, request.requestHeaders, length)
+        if answer is None:
+            return None
+        given = request.getHeader(b"x-request-id")
+        response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
+        return Refusal(answer.status, "", response)
 
     def too_large(self, request: ProxyRequest, length: int) -> Refusal:
         answer: EarlyResponse = self._early_reject(

@@ -196,8 +196,11 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         read_timeout_s=options["read-timeout"],
         access_log=bool(options["access-log"]),
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
+        body_budget_bytes=gw.body_budget_bytes,
+        max_connections_per_address=gw.max_connections_per_client,
     )
     metrics.open_connections.set_function(lambda: server.open_connections)
+    metrics.watch_server(server)
     svc = GatewayService(app, keys_path, reactor, server=server, grace_s=options["grace"])
     internet.TCPServer(gw.port, server, interface=gw.host, backlog=1024).setServiceParent(svc)
     log.info(

@@ -37,6 +37,7 @@ from mortred_twisted.http.limits import LimitedSite
 from mortred_twisted.http.model_port import ModelPortApp, ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.metrics.edge import EdgeLimitsCollector
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.runtime.deadline import within
 from mortred_twisted.runtime.model_runtime import ModelRuntime
@@ -100,6 +101,8 @@ class ModelServerService(Service):
         cfg = self.runtime.config
         site = self._build_site(cfg)
         self._site = site
+        if isinstance(site, ModelPortFactory):
+            self.runtime.metrics.registry.register(EdgeLimitsCollector("mortred_http", site))
         host = cfg.host.replace(":", "\\:")
         endpoint = serverFromString(self._reactor, f"tcp:{cfg.port}:interface={host}:backlog=128")
         d = endpoint.listen(site)
@@ -159,8 +162,11 @@ class ModelServerService(Service):
                 clock=self._reactor,
                 body_limit=cfg.request_size_limit_bytes,
                 early_reject=self.app.early_reject,
+                refuse_from_head=self.app.refuse_from_head,
                 request_id=new_request_id,
                 max_connections=cfg.max_connections,
+                max_connections_per_address=cfg.max_connections_per_client,
+                body_budget_bytes=cfg.body_budget_bytes,
                 read_timeout_s=cfg.request_read_timeout / 1000.0,
                 idle_timeout_s=float(cfg.peer_resp_timeout),
                 access_log=self._access_log,

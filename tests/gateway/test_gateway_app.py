@@ -76,6 +76,8 @@ class Client:
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if data is not None:
             lines.append(f"Content-Length: {len(data)}")
+            if data and not any(k.lower() == "content-type" for k in headers or {}):
+                lines.append("Content-Type: application/json")
         self.proto.dataReceived(("\r\n".join(lines) + "\r\n\r\n").encode() + (data or b""))
         self.harness.flush()
 
@@ -456,6 +458,8 @@ def raw_call(h: Harness, lean: bool, method: str, path: str,
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     if data is not None:
         lines.append(f"Content-Length: {len(data)}")
+        if data and not any(k.lower() == "content-type" for k in headers or {}):
+            lines.append("Content-Type: application/json")
     proto.dataReceived(("\r\n".join(lines) + "\r\n\r\n").encode() + (data or b""))
     h.flush()
     head, _, body = transport.value().partition(b"\r\n\r\n")

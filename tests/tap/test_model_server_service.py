@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.resource import Resource
@@ -25,6 +26,7 @@ class Runtime:
             id="T", host="127.0.0.1", port=0, model_type="fake", http_server=http_server
         )
         self.loading: Deferred[None] = Deferred()
+        self.metrics = SimpleNamespace(registry=CollectorRegistry())
 
     def load_models(self) -> Deferred[None]:
         return self.loading
@@ -48,7 +50,8 @@ def test_freezes_after_the_models_load(
     freezes: list[int] = []
     monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
     app: Any = SimpleNamespace(
-        resource=Resource, early_reject=None, record_request=lambda request: None,
+        resource=Resource, early_reject=None, refuse_from_head=None,
+        record_request=lambda request: None,
         app=SimpleNamespace(),
     )  # fmt: skip
     runtime = Runtime(http_server)
