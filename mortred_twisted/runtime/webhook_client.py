@@ -88,7 +88,8 @@ def reactor_resolver(reactor: Any) -> AddressResolver:
                 found.append(address.host)
 
             def resolutionComplete(self) -> None:
-                done.callback(found)
+                if not done.called:  # not already timed out (cancelled) by the caller
+                    done.callback(found)
 
         reactor.nameResolver.resolveHostName(Receiver(), host, 0, None, "TCP")
         return done

@@ -351,3 +351,39 @@ async def test_https_verifies_the_host_name_while_connecting_to_the_checked_addr
     wrong = f"https://other.test:{port}/hook"
     assert await other.send("job_l", wrong, "completed", {}, terminal=True) == "failed"
     assert receiver.hosts == [f"hooks.test:{port}"]
+
+
+def test_the_reactor_resolver_collects_every_address_and_tolerates_a_late_answer() -> None:
+    """reactor_resolver hands back every address the name resolver reports; an answer
+    arriving after the caller timed the resolution out is ignored, not an error."""
+
+    class FakeAddress:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+    class FakeNameResolver:
+        def __init__(self) -> None:
+            self.receivers: list[Any] = []
+
+        def resolveHostName(self, receiver: Any, host: str, *args: Any) -> Any:
+            self.receivers.append(receiver)
+            return receiver
+
+    class FakeReactor:
+        nameResolver = FakeNameResolver()
+
+    resolve = reactor_resolver(FakeReactor())
+    answered: list[Any] = []
+    resolve("hooks.example.com").addCallback(answered.append)
+    receiver = FakeReactor.nameResolver.receivers[0]
+    receiver.resolutionBegan(None)
+    receiver.addressResolved(FakeAddress("93.184.216.34"))
+    receiver.addressResolved(FakeAddress("2606:2800:220:1::1"))
+    receiver.resolutionComplete()
+    assert answered == [["93.184.216.34", "2606:2800:220:1::1"]]
+
+    clock = Clock()
+    late = resolve("slow.example.com")
+    late.addTimeout(1.0, clock).addErrback(lambda f: None)
+    clock.advance(2.0)
+    FakeReactor.nameResolver.receivers[1].resolutionComplete()  # no AlreadyCalledError
