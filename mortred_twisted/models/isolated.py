@@ -12,9 +12,17 @@ worker pool, runner and sync path are unchanged. Protocol over one duplex pipe
 
 * parent → child: ``("run", request)``, ``("run_batch", requests)``, ``("cancel",)``,
   ``("stop",)``;
-* child → parent: ``("ready",)`` / ``("load_error", message)`` once;
+* child → parent: ``("ready", validator)`` / ``("load_error", message)`` once;
   ``("progress", step, total)`` during a run; ``("result", data_json, run_ms)`` or
   ``("error", kind, message)``; for a batch ``("batch", [(ok, payload), …])``.
+
+**Validation without a model in the server.** The server's reactor validates
+requests before admission (:meth:`Model.validate`, cheap by contract). The model is
+loaded only in the workers: each child sends back its *validation twin*, an
+instance of the model's class holding only ``params_schema``, ``uses_images`` and
+``output_schema`` (no weights), built without ``__init__``; the parent validates
+with it. A model whose ``validate`` needs more than those (and module-level
+state) must say so by overriding :meth:`Model.validation_twin` — none does today.
 
 The child encodes results as JSON itself, so only bytes cross the pipe. A child that
 dies mid-run fails that run with :class:`WorkerCrashed`; the next run starts a new
@@ -99,6 +107,24 @@ class _ChildContext(RunContext):
         super().check_cancelled()
 
 
+#: the only attributes a validation twin carries (see the module docstring)
+TWIN_ATTRIBUTES = ("params_schema", "uses_images", "output_schema")
+
+
+def validation_twin(model: Model) -> Model:
+    """A weightless instance of ``model``'s class that validates like it (picklable:
+    the class by reference, the attributes by value)."""
+    custom = getattr(model, "validation_twin", None)
+    if custom is not None:
+        return custom()
+    cls = type(model)
+    twin = cls.__new__(cls)
+    for name in TWIN_ATTRIBUTES:
+        if name in vars(model):
+            setattr(twin, name, getattr(model, name))
+    return twin
+
+
 def _child_main(
     model_type: str,
     options: dict[str, Any],
@@ -120,7 +146,7 @@ def _child_main(
         conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
         return
     apply_torch_threads(torch_threads)
-    conn.send(("ready",))
+    conn.send(("ready", validation_twin(model)))
     while True:
         try:
             message = conn.recv()
@@ -161,7 +187,7 @@ class IsolatedModel(Model):
         model_type: str,
         options: Mapping[str, Any],
         root: Path,
-        local: Model,
+        local: Model | None = None,
         *,
         niceness: int = 0,
         torch_threads: int = 1,
@@ -171,12 +197,16 @@ class IsolatedModel(Model):
         self._cancel_grace_s = cancel_grace_s
         #: how many runs were ended by killing the worker process (for tests/metrics)
         self.killed_runs = 0
-        self._local = local  # in-process instance: validation only
-        self.params_schema = local.params_schema
-        self.uses_images = local.uses_images
+        #: validates requests in the server; a given ``local`` model, else the twin
+        #: the worker sent (see the module docstring)
+        self._local: Model | None = local
         self._conn: Connection | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._start()
+        assert self._local is not None
+        self.params_schema = self._local.params_schema
+        self.uses_images = self._local.uses_images
+        self.output_schema = self._local.output_schema
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -196,6 +226,8 @@ class IsolatedModel(Model):
         if hello[0] != "ready":
             process.join(5)
             raise ModelLoadError(f"worker process: {hello[1]}")
+        if self._local is None:
+            self._local = hello[1]
         self._conn, self._process = parent, process
 
     @property
@@ -203,6 +235,7 @@ class IsolatedModel(Model):
         return self._process.pid if self._process is not None else None
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
+        assert self._local is not None
         return self._local.validate(request)
 
     def _ensure_alive(self) -> Connection:
@@ -281,4 +314,3 @@ class IsolatedModel(Model):
             self._process.join(10)
             if self._process.is_alive():
                 self._process.kill()
-        self._local.close()

@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from mortred_twisted.config.server import ServerConfig, parse_redis_url
+from mortred_twisted.config.server import ServerConfig, redis_address
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.status import retry_after_s
@@ -132,10 +132,14 @@ class ModelRuntime:
         from mortred_twisted.runtime.redis_link import RedisLink
         from mortred_twisted.runtime.redis_store import RedisJobStore
 
-        address = parse_redis_url(cfg.redis_url)
+        address = redis_address(cfg)
+        registry = self.metrics.registry
+        timeout_s = cfg.redis_timeout_ms / 1000.0
         store = RedisJobStore(
             reactor=self.clock,
-            link_factory=lambda reactor, **kw: RedisLink(reactor, address, **kw),
+            link_factory=lambda reactor, **kw: RedisLink(
+                reactor, address, reply_timeout_s=timeout_s, registry=registry, **kw
+            ),
             model_id=cfg.id,
             counters=self.counters,
             max_queue=cfg.async_max_queue,
@@ -195,15 +199,14 @@ class ModelRuntime:
             root = Path(cfg.root)
             models: list[Model]
             if cfg.worker_isolation == "process":
-                # One in-process instance validates requests; each worker's model
-                # lives in its own process (see models/isolated.py).
-                local = self._build_model(cfg.model_type, cfg.model_options, root)
+                # Each worker's model lives in its own process; the server validates
+                # requests with what each worker sends back, never a model of its
+                # own (see models/isolated.py).
                 models = [
                     IsolatedModel(
                         cfg.model_type,
                         cfg.model_options,
                         root,
-                        local,
                         niceness=cfg.worker_nice,
                         torch_threads=threads,
                         cancel_grace_s=cfg.cancel_grace_ms / 1000.0,

@@ -21,10 +21,18 @@ Contract (reactor thread only):
   (whether Redis ran it is unknown) and :attr:`lost` fires.
 - Replies are hiredis' values untouched: bulk strings as ``bytes``, integers as
   ``int``, nil as ``None``, arrays as lists.
+- With ``keepalive_s``, the socket has TCP keepalive (first probe after that many
+  idle seconds, then one a second, three unanswered probes end it) and
+  ``TCP_USER_TIMEOUT`` (written data unacknowledged that long ends it): a peer that
+  vanished is noticed by the kernel even when nothing is asked of it. The link's
+  ``PING`` watchdog (:mod:`~mortred_twisted.runtime.redis_link`) is the main check;
+  these cover a half-open path the pings alone would notice later.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -52,10 +60,14 @@ class RespConnection(Protocol):
         *,
         label: str = "redis",
         on_message: Callable[[bytes], None] | None = None,
+        keepalive_s: float | None = None,
     ) -> None:
         self._clock = clock
         self._label = label
         self._on_message = on_message
+        self._keepalive_s = keepalive_s
+        #: why the connection ended (None while up, or when it ended cleanly)
+        self.lost_reason: Failure | None = None
         self._reader = hiredis.Reader()
         # (Deferred, send time) per unanswered command, oldest first
         self._waiting: deque[tuple[Deferred[Any], float]] = deque()
@@ -89,6 +101,11 @@ class RespConnection(Protocol):
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)
+        if self._keepalive_s is not None:
+            # A TLS transport forwards attribute lookups to the TCP one beneath.
+            sock = getattr(self.transport, "socket", None)
+            if isinstance(sock, socket.socket):
+                _keepalive(sock, self._keepalive_s)
 
     def dataReceived(self, data: bytes) -> None:
         reader = self._reader
@@ -120,8 +137,25 @@ class RespConnection(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.connected = False
+        self.lost_reason = reason
         waiting, self._waiting = self._waiting, deque()
         why = "connection lost" if reason is None else reason.getErrorMessage()
         for d, _sent in waiting:
             d.errback(Failure(StoreUnavailable(f"job store unavailable: {self._label}: {why}")))
         self.lost.callback(self)
+
+
+def _keepalive(sock: socket.socket, idle_s: float) -> None:
+    """TCP keepalive and user timeout on ``sock`` (Linux names; others: what exists)."""
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), max(1, int(idle_s))),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(idle_s * 2000)),
+    ]
+    for level, name, value in options:
+        if name is not None:
+            # not on this platform: the PING watchdog still applies
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, name, value)
