@@ -143,8 +143,9 @@ def create_family(family: str, options: Mapping[str, Any], root: Path) -> Model:
         )
 
     return DiffusionModel(
-        family=family, pipe=pipe, device=device, dtype=dtype, params_schema=schema, plan=plan
-    )
+        family=family, pipe=pipe, device=device, dtype=dtype, params_schema=schema, plan=plan,
+        max_running_jobs=opts.max_running_jobs, max_batch_images=opts.max_batch_images,
+    )  # fmt: skip
 
 
 def params_schema(

@@ -8,6 +8,10 @@ Keys (any may be overridden in the server TOML's ``[model]`` table):
 * ``dtype``: ``float32`` | ``float16`` | ``bfloat16`` (half types only on CUDA);
 * ``scheduler``, ``sample_steps``, ``eta``, ``guidance_scale``: the request defaults;
 * ``max_images``: the bound on ``params.num_images``;
+* ``max_running_jobs``: how many runs (jobs and sync requests) an instance steps
+  together, its slots in the worker pool (1 = one run at a time on its own thread);
+* ``max_batch_images``: the most rows (images; guided images count twice) one
+  denoiser call takes; a step over more rows makes several calls;
 * ``null_class_id``: class-conditional UNets only, the "no label" id (default: the
   manifest's ``null_class_id``, else ``num_class_embeds - 1``).
 
@@ -26,6 +30,9 @@ from mortred_twisted.models.base import ModelLoadError
 from mortred_twisted.models.diffusion.schedulers import NAMES
 
 DTYPES = ("float32", "float16", "bfloat16")
+#: Defaults of the step-batching keys (docs/models/diffusion.md, "Step batching").
+DEFAULT_RUNNING_JOBS = 8
+DEFAULT_BATCH_IMAGES = 32
 #: Keys of the previous model options and what replaced them.
 REPLACED_OPTIONS = {
     "weights": "'pretrained' (a diffusers pipeline directory)",
@@ -107,6 +114,8 @@ class DiffusionOptions:
     guidance_scale: float
     max_images: int
     null_class_id: int | None
+    max_running_jobs: int = 1
+    max_batch_images: int = 32
 
 
 def read_options(
@@ -127,6 +136,8 @@ def read_options(
     guidance = reader.get("guidance_scale", float, 2.0, minimum=0.0, maximum=20.0)
     max_images = reader.get("max_images", int, 16, minimum=1, maximum=256)
     null_class_id = reader.get("null_class_id", int, None, minimum=0)
+    running = reader.get("max_running_jobs", int, DEFAULT_RUNNING_JOBS, minimum=1, maximum=256)
+    rows = reader.get("max_batch_images", int, DEFAULT_BATCH_IMAGES, minimum=1, maximum=4096)
     if dtype != "float32" and device == "cpu":
         reader.problems.append(f"dtype: {dtype!r} needs device 'cuda' (CPU runs float32)")
     reader.finish()
@@ -141,4 +152,6 @@ def read_options(
         guidance_scale=guidance,
         max_images=max_images,
         null_class_id=null_class_id,
+        max_running_jobs=running,
+        max_batch_images=rows,
     )

@@ -4,18 +4,22 @@ Contracts (see :mod:`mortred_twisted.models.base`):
 
 * :meth:`DiffusionModel.validate` (reactor thread) is the declarative params check
   plus the renamed-param mapping and cross-field checks; it never touches torch.
-* :meth:`DiffusionModel.run` (worker thread) builds a fresh diffusers scheduler
-  (``params.scheduler``), seeds a private ``torch.Generator`` (``params.seed``, or a
-  fresh seed echoed in ``data.seed``), draws the initial noise of all
-  ``num_images`` images from it and then drives the scheduler itself:
-  ``set_timesteps``, then per step ``scale_model_input``, one denoiser forward pass
-  (classifier-free guidance: one batched pass of 2B with the "no label" id), and
-  ``step``; after every step it calls ``ctx.progress(step, total)`` and
-  ``ctx.check_cancelled()`` (also once before the first step), so a cancelled run
-  stops within one step. Latent pipelines decode ``latents / scaling_factor``.
+* A run (worker thread) builds a fresh diffusers scheduler (``params.scheduler``),
+  seeds a private ``torch.Generator`` (``params.seed``, or a fresh seed echoed in
+  ``data.seed``), draws the initial noise of all ``num_images`` images from it and
+  then drives the scheduler itself: ``set_timesteps``, then per step
+  ``scale_model_input``, the denoiser (classifier-free guidance: 2B rows with the
+  "no label" id), and ``step``; after every step it calls ``ctx.progress(step,
+  total)`` and ``ctx.check_cancelled()`` (also once before the first step), so a
+  cancelled run stops within one step. Latent pipelines decode ``latents /
+  scaling_factor``. The loop lives in :mod:`.batching`: :meth:`DiffusionModel.run`
+  is a batch of one on the calling thread; with ``max_running_jobs > 1`` the server
+  steps the instance's runs together (:meth:`DiffusionModel.step_batch`, one
+  denoiser call per step for all of them, at most ``max_batch_images`` rows each).
 * Determinism: same params (seed included), same device, dtype and thread count ->
-  the same PNG bytes. The shared networks are read-only; a run keeps its state in
-  locals (its own scheduler object).
+  the same PNG bytes for a run alone; in a batch, the same images within the
+  tolerance measured in docs/models/diffusion.md. The shared networks are
+  read-only; a run keeps its own state (scheduler object, generator, latents).
 """
 
 from __future__ import annotations
@@ -28,15 +32,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest, Model, RunContext
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InvalidRequest,
+    Model,
+    RunContext,
+    StepBatch,
+)
 from mortred_twisted.models.codec import png_base64
 from mortred_twisted.models.diffusion import schedulers
+from mortred_twisted.models.diffusion.batching import DenoiseBatch, run_together
 from mortred_twisted.models.diffusion.pipeline import LoadedPipeline
 from mortred_twisted.models.params import ParamSpec, validate_params
 from mortred_twisted.models.schemas import DIFFUSION_OUTPUT
 
-#: How many intermediate ``predicted_x0`` snapshots a run returns at most.
-MAX_X0_SNAPSHOTS = 8
 #: Params of the previous hand-written models -> their replacement (still accepted).
 RENAMED_PARAMS = {"timesteps": "sample_steps", "sampler": "scheduler"}
 
@@ -72,7 +81,9 @@ class DiffusionModel(Model):
     """One served diffusion model instance (owned by one worker).
 
     ``pipe`` is shared and read-only; ``plan`` maps normalised params to a
-    :class:`SamplingPlan`.
+    :class:`SamplingPlan`. ``max_running_jobs`` is :attr:`run_capacity` (above 1 the
+    instance has its own :class:`~.batching.DenoiseBatch`); ``max_batch_images``
+    caps the rows of one denoiser call.
     """
 
     uses_images = False
@@ -87,6 +98,8 @@ class DiffusionModel(Model):
         dtype: torch.dtype,
         params_schema: Sequence[ParamSpec],
         plan: Callable[[Mapping[str, Any]], SamplingPlan],
+        max_running_jobs: int = 1,
+        max_batch_images: int = 32,
     ) -> None:
         self.family = family
         self.pipe = pipe
@@ -98,6 +111,9 @@ class DiffusionModel(Model):
             bool(pipe.scheduler_config.get("clip_sample", False)) and pipe.autoencoder is None
         )
         self.prediction_type = str(pipe.scheduler_config.get("prediction_type", "epsilon"))
+        self.run_capacity = max(1, max_running_jobs)
+        self.max_batch_images = max(1, max_batch_images)
+        self._batch = DenoiseBatch(self, self.max_batch_images) if self.run_capacity > 1 else None
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
         raw = request.params
@@ -132,25 +148,32 @@ class DiffusionModel(Model):
     def plan(self, params: Mapping[str, Any]) -> SamplingPlan:
         return self._plan(params)
 
-    def _predict(self, x: torch.Tensor, t: torch.Tensor, plan: SamplingPlan) -> torch.Tensor:
-        """The denoiser's output for ``x`` at ``t`` (guided when the plan says so)."""
-        net = self.pipe.denoiser
-        channels = x.shape[1]
-        x = x.to(self.dtype)
-        tt = t.reshape(1).to(self.device).expand(x.shape[0])
+    def row_labels(self, plan: SamplingPlan) -> tuple[torch.Tensor | None, bool]:
+        """The class label of each denoiser row of a run, and whether it is guided
+        (guided: ``2B`` rows, the labels then the "no label" id)."""
         if plan.labels is None:
-            return net(x, tt).sample[:, :channels].float()
+            return None, False
         y = torch.tensor(plan.labels, device=self.device, dtype=torch.long)
         null = torch.full_like(y, int(self.pipe.null_class_id or 0))
         s = plan.guidance_scale
         if s in (0.0, 1.0):
-            labels = null if s == 0.0 else y
-            return net(x, tt, class_labels=labels).sample[:, :channels].float()
-        both = net(torch.cat([x, x]), torch.cat([tt, tt]), class_labels=torch.cat([y, null]))
-        cond, uncond = both.sample[:, :channels].float().chunk(2)
-        return uncond + s * (cond - uncond)
+            return (null if s == 0.0 else y), False
+        return torch.cat([y, null]), True
 
-    def _x0(self, x: torch.Tensor, out: torch.Tensor, t: torch.Tensor, abar: torch.Tensor):
+    def denoise(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        """One denoiser call over rows ``x`` at per-row timesteps ``t`` (float32).
+
+        Learned-variance channels (DiT) are dropped; the output is float32.
+        """
+        channels = self.pipe.latent_shape[0]
+        net = self.pipe.denoiser
+        if y is None:
+            return net(x, t).sample[:, :channels].float()
+        return net(x, t, class_labels=y).sample[:, :channels].float()
+
+    def x0(
+        self, x: torch.Tensor, out: torch.Tensor, t: torch.Tensor, abar: torch.Tensor
+    ) -> torch.Tensor:
         """The predicted clean sample from the (VP-scaled) model input and output."""
         a = abar[round(float(t))].to(x.device)
         if self.prediction_type == "epsilon":
@@ -167,54 +190,22 @@ class DiffusionModel(Model):
             return z
         return ae.decode(z.to(self.dtype) / self.pipe.scaling_factor).sample
 
-    def run(self, request: InferenceRequest, ctx: RunContext) -> dict[str, Any]:
-        plan = self.plan(request.params)
-        ctx.check_cancelled()
-        scheduler = schedulers.make(plan.scheduler, self.pipe.scheduler_config)
-        scheduler.set_timesteps(plan.steps, device=self.device)
-        if hasattr(scheduler, "set_begin_index"):
-            # Step by index: Karras spacing can repeat a (rounded) timestep, which
-            # would make a lookup by timestep value pick the wrong step.
-            scheduler.set_begin_index(0)
-        timesteps = scheduler.timesteps
-        total = len(timesteps)
-        accepted = schedulers.step_arguments(type(scheduler).__name__)
-        generator = torch.Generator(device=self.device).manual_seed(plan.seed)
-        step_kwargs: dict[str, Any] = {}
-        if "generator" in accepted:
-            step_kwargs["generator"] = generator
-        if "eta" in accepted and plan.eta is not None:
-            step_kwargs["eta"] = plan.eta
-        if "use_clipped_model_output" in accepted:
-            # DDIM: re-derive eps from the clipped x0 (as GLIDE and Song et al. do);
-            # with the raw output, guided pixel samples drift off their class.
-            step_kwargs["use_clipped_model_output"] = True
-        snap_steps = (
-            set(np.linspace(1, total, min(MAX_X0_SNAPSHOTS, total)).round().astype(int).tolist())
-            if plan.predicted_x0
-            else set()
-        )
-        snapshots: list[tuple[int, int, torch.Tensor]] = []
-        shape = (plan.num_images, *self.pipe.latent_shape)
+    def result(
+        self,
+        plan: SamplingPlan,
+        steps: int,
+        x: torch.Tensor,
+        snapshots: list[tuple[int, int, torch.Tensor]],
+    ) -> dict[str, Any]:
+        """The envelope's ``data`` of a finished run (decode, PNG-encode)."""
         with torch.inference_mode():
-            x = torch.randn(shape, generator=generator, device=self.device, dtype=torch.float32)
-            x = x * scheduler.init_noise_sigma
-            for i, t in enumerate(timesteps):
-                model_input = scheduler.scale_model_input(x, t)
-                out = self._predict(model_input, t, plan)
-                if i + 1 in snap_steps:
-                    x0 = self._x0(model_input.float(), out.float(), t, scheduler.alphas_cumprod)
-                    snapshots.append((i + 1, round(float(t)), x0))
-                x = scheduler.step(out, t, x, **step_kwargs).prev_sample
-                ctx.progress(i + 1, total)
-                ctx.check_cancelled()
             pixels = to_uint8(self._decode(x))
             data: dict[str, Any] = {
                 "images": [png_base64(p) for p in pixels],
                 "width": int(pixels.shape[2]),
                 "height": int(pixels.shape[1]),
                 "channels": 1 if pixels.ndim == 3 else int(pixels.shape[3]),
-                "steps": total,
+                "steps": steps,
                 "seed": plan.seed,
                 "scheduler": plan.scheduler,
                 "sampler": plan.scheduler,
@@ -234,3 +225,19 @@ class DiffusionModel(Model):
                     for step, t, x0 in snapshots
                 ]
         return data
+
+    def run(self, request: InferenceRequest, ctx: RunContext) -> dict[str, Any]:
+        """One run alone on the calling thread (a batch of one; same bytes)."""
+        (outcome,) = run_together(self, [request], [ctx], self.max_batch_images)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_batch(
+        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        """Several runs stepped together to the end (the sync path's dynamic batching)."""
+        return run_together(self, list(requests), list(ctxs), self.max_batch_images)
+
+    def step_batch(self) -> StepBatch | None:
+        return self._batch

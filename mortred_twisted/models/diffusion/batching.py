@@ -1,0 +1,260 @@
+"""Denoising runs of one diffusion model advanced together: one batched forward per step.
+
+:class:`DenoiseBatch` is the model side of step batching (the reactor side is
+``runtime/step_loop.py``; see :class:`~mortred_twisted.models.base.StepBatch` for the
+contract). Each run keeps everything that makes it *its own* run, exactly as a run
+alone has it: its diffusers scheduler object (any scheduler, step count, ``eta``),
+its ``torch.Generator`` (seeded with its seed: the initial noise and every stochastic
+step draw from it), its latents, guidance scale, class labels and ``predicted_x0``
+snapshots. What runs share is only the denoiser call: per step the model inputs of
+every run (``scheduler.scale_model_input``), their timesteps (one per row, as float:
+the timestep embedding casts them so anyway) and class labels are concatenated, and
+the denoiser runs over them in chunks of at most ``max_rows`` rows
+(``max_batch_images``). Classifier-free guidance adds a run's rows twice (with its
+labels, then with the "no label" id) and combines its own two halves.
+
+Per run and per step, in this order: ``scheduler.step`` (its own generator and
+``eta``); a check that the latents are finite (NaN or inf: the run fails alone with
+:class:`SamplingDiverged`); ``ctx.progress(step, total)``; ``ctx.check_cancelled()``.
+A cancelled run is also dropped before a step starts, so it never costs a forward
+after its cancel was seen. A run whose last step is done is decoded (latent
+pipelines), encoded as PNGs and leaves with its ``data``. An exception raised by one
+run's scheduler (or its decode) is that run's outcome alone.
+
+Images are the same alone and in a batch up to the floating-point differences of a
+different batch size in the denoiser's kernels (measured: docs/models/diffusion.md,
+"Step batching"). A run alone (``DiffusionModel.run``) goes through this same code
+with a batch of one, so its bytes equal the model's solo output.
+
+Thread contract: one thread at a time calls :meth:`join`, :meth:`step` and
+:meth:`abandon` (the server's batch loop, or the thread of a solo ``run``); a run's
+context may be cancelled from any thread. The pipeline's networks are shared and
+only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from mortred_twisted.models.base import InferenceRequest, ModelError, RunContext, StepBatch
+from mortred_twisted.models.diffusion import schedulers
+
+if TYPE_CHECKING:
+    from mortred_twisted.models.diffusion.service import DiffusionModel, SamplingPlan
+
+#: How many intermediate ``predicted_x0`` snapshots a run returns at most.
+MAX_X0_SNAPSHOTS = 8
+
+
+class SamplingDiverged(ModelError):
+    """A run's latents turned NaN or infinite (that run fails; its batch mates go on)."""
+
+
+@dataclass(eq=False)
+class _Run:
+    """One run's own state (see the module docstring)."""
+
+    ctx: RunContext
+    plan: SamplingPlan
+    scheduler: Any
+    timesteps: torch.Tensor
+    step_kwargs: dict[str, Any]
+    x: torch.Tensor
+    labels: torch.Tensor | None  # one per forward row (guided: labels, then "no label")
+    guided: bool
+    snap_steps: frozenset[int]
+    snapshots: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
+    i: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def rows(self) -> int:
+        return self.x.shape[0] * (2 if self.guided else 1)
+
+
+class DenoiseBatch(StepBatch):
+    """The runs of one :class:`DiffusionModel` instance (see the module docstring)."""
+
+    def __init__(self, model: DiffusionModel, max_rows: int) -> None:
+        self._model = model
+        self._max_rows = max(1, max_rows)
+        self._runs: dict[int, _Run] = {}
+        #: Rows of every denoiser call so far (tests and the benchmark read it).
+        self.forward_rows: list[int] = []
+
+    @property
+    def active(self) -> int:
+        return len(self._runs)
+
+    def join(self, key: int, request: InferenceRequest, ctx: RunContext) -> None:
+        ctx.check_cancelled()
+        self._runs[key] = self._start(request, ctx)
+
+    def abandon(self) -> list[int]:
+        keys = list(self._runs)
+        self._runs.clear()
+        return keys
+
+    # -- one step -----------------------------------------------------------------
+
+    def step(self) -> list[tuple[int, Any]]:
+        left: list[tuple[int, Any]] = []
+        inputs: dict[int, torch.Tensor] = {}
+        with torch.inference_mode():
+            for key, run in list(self._runs.items()):
+                try:
+                    run.ctx.check_cancelled()
+                    t = run.timesteps[run.i]
+                    inputs[key] = run.scheduler.scale_model_input(run.x, t)
+                except Exception as exc:
+                    left.append((key, self._leave(key, exc)))
+            outputs = self._denoise(inputs)
+            for key, out in outputs.items():
+                try:
+                    done = self._advance(self._runs[key], inputs[key], out)
+                except Exception as exc:
+                    left.append((key, self._leave(key, exc)))
+                    continue
+                if done is not None:
+                    left.append((key, done))
+                    del self._runs[key]
+        return left
+
+    def _leave(self, key: int, exc: Exception) -> Exception:
+        self._runs.pop(key, None)
+        return exc
+
+    def _denoise(self, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Every run's (guided) denoiser output, from one concatenated call per chunk."""
+        if not inputs:
+            return {}
+        model = self._model
+        xs: list[torch.Tensor] = []
+        ts: list[torch.Tensor] = []
+        ys: list[torch.Tensor] = []
+        for key, model_input in inputs.items():
+            run = self._runs[key]
+            rows = torch.cat([model_input, model_input]) if run.guided else model_input
+            xs.append(rows)
+            t = run.timesteps[run.i].to(model.device, torch.float32)
+            ts.append(t.reshape(1).expand(rows.shape[0]))
+            if run.labels is not None:
+                ys.append(run.labels)
+        x = torch.cat(xs).to(model.dtype)
+        tt = torch.cat(ts)
+        y = torch.cat(ys) if ys else None
+        out = torch.cat(
+            [
+                model.denoise(x[a : a + self._max_rows], tt[a : a + self._max_rows],
+                              None if y is None else y[a : a + self._max_rows])
+                for a in range(0, x.shape[0], self._max_rows)
+            ]
+        )  # fmt: skip
+        self.forward_rows.extend(min(self._max_rows, x.shape[0] - a)
+                                 for a in range(0, x.shape[0], self._max_rows))  # fmt: skip
+        per_run: dict[int, torch.Tensor] = {}
+        at = 0
+        for key in inputs:
+            run = self._runs[key]
+            part = out[at : at + run.rows]
+            at += run.rows
+            if run.guided:
+                cond, uncond = part.chunk(2)
+                part = uncond + run.plan.guidance_scale * (cond - uncond)
+            per_run[key] = part
+        return per_run
+
+    def _advance(self, run: _Run, model_input: torch.Tensor, out: torch.Tensor) -> Any:
+        """``scheduler.step`` + checks for one run; its ``data`` when it is done."""
+        t = run.timesteps[run.i]
+        step = run.i + 1
+        if step in run.snap_steps:
+            alphas = run.scheduler.alphas_cumprod
+            x0 = self._model.x0(model_input.float(), out.float(), t, alphas)
+            run.snapshots.append((step, round(float(t)), x0))
+        run.x = run.scheduler.step(out, t, run.x, **run.step_kwargs).prev_sample
+        if not bool(torch.isfinite(run.x).all()):
+            raise SamplingDiverged(
+                f"sampling diverged (NaN or inf) at step {step} of {run.total} "
+                f"(scheduler {run.plan.scheduler!r})"
+            )
+        run.i = step
+        run.ctx.progress(step, run.total)
+        run.ctx.check_cancelled()
+        if step < run.total:
+            return None
+        return self._model.result(run.plan, run.total, run.x, run.snapshots)
+
+    # -- a run's start ------------------------------------------------------------
+
+    def _start(self, request: InferenceRequest, ctx: RunContext) -> _Run:
+        """A fresh scheduler, generator and initial noise for ``request`` (as a run
+        alone draws them)."""
+        model = self._model
+        plan = model.plan(request.params)
+        scheduler = schedulers.make(plan.scheduler, model.pipe.scheduler_config)
+        scheduler.set_timesteps(plan.steps, device=model.device)
+        if hasattr(scheduler, "set_begin_index"):
+            # Step by index: Karras spacing can repeat a (rounded) timestep, which
+            # would make a lookup by timestep value pick the wrong step.
+            scheduler.set_begin_index(0)
+        timesteps = scheduler.timesteps
+        total = len(timesteps)
+        accepted = schedulers.step_arguments(type(scheduler).__name__)
+        generator = torch.Generator(device=model.device).manual_seed(plan.seed)
+        step_kwargs: dict[str, Any] = {}
+        if "generator" in accepted:
+            step_kwargs["generator"] = generator
+        if "eta" in accepted and plan.eta is not None:
+            step_kwargs["eta"] = plan.eta
+        if "use_clipped_model_output" in accepted:
+            # DDIM: re-derive eps from the clipped x0 (as GLIDE and Song et al. do);
+            # with the raw output, guided pixel samples drift off their class.
+            step_kwargs["use_clipped_model_output"] = True
+        snap_steps = (
+            frozenset(
+                np.linspace(1, total, min(MAX_X0_SNAPSHOTS, total)).round().astype(int).tolist()
+            )
+            if plan.predicted_x0
+            else frozenset()
+        )
+        shape = (plan.num_images, *model.pipe.latent_shape)
+        with torch.inference_mode():
+            x = torch.randn(shape, generator=generator, device=model.device, dtype=torch.float32)
+            x = x * scheduler.init_noise_sigma
+        labels, guided = model.row_labels(plan)
+        return _Run(
+            ctx=ctx, plan=plan, scheduler=scheduler, timesteps=timesteps,
+            step_kwargs=step_kwargs, x=x, labels=labels, guided=guided, snap_steps=snap_steps,
+        )  # fmt: skip
+
+
+def run_together(
+    model: DiffusionModel,
+    requests: list[InferenceRequest],
+    ctxs: list[RunContext],
+    max_rows: int,
+) -> list[Any]:
+    """Run ``requests`` in one private batch on the calling thread, to the end.
+
+    Each entry is the run's ``data`` or the exception that ended it (one failing run
+    never fails the others). ``DiffusionModel.run`` is this with one request.
+    """
+    batch = DenoiseBatch(model, max_rows)
+    outcomes: dict[int, Any] = {}
+    for key, (request, ctx) in enumerate(zip(requests, ctxs, strict=True)):
+        try:
+            batch.join(key, request, ctx)
+        except Exception as exc:
+            outcomes[key] = exc
+    while batch.active:
+        for key, outcome in batch.step():
+            outcomes[key] = outcome
+    return [outcomes[key] for key in range(len(requests))]
