@@ -265,7 +265,7 @@ class GatewayConnection(Protocol):
                 self._stop(refusal)
             if length:
                 if not factory.reserve_body(length):
-                    self._stop(factory.over_budget())
+                    self._stop(factory.over_budget(request))
                 self._held += length
                 request.held = length
         self._request = request
@@ -293,7 +293,7 @@ class GatewayConnection(Protocol):
         grown = self._body_size - request.held
         if grown > 0:  # a chunked body (a declared one never grows past its length)
             if not factory.reserve_body(grown):
-                self._stop(factory.over_budget())
+                self._stop(factory.over_budget(request))
             self._held += grown
             request.held += grown
         self._parts.append(data)
@@ -734,10 +734,10 @@ class GatewayServerFactory(Factory):
     def release_body(self, n: int) -> None:
         self.body_bytes_held -= n
 
-    def over_budget(self) -> Refusal:
+    def over_budget(self, request: ProxyRequest) -> Refusal:
         """The refusal of a body that does not fit in the process's body budget."""
         message = "server busy: too many request bodies in progress; retry later"
-        answer = self.refusal_response(503, message, HeaderMap(), retry_after=1)
+        answer = self.refusal_response(503, message, request.requestHeaders, retry_after=1)
         return Refusal(503, message, answer)
 
     def forget(self, conn: GatewayConnection) -> None:

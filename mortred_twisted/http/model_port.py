@@ -245,7 +245,10 @@ class ModelPortFactory(GatewayServerFactory):
         response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
         return Refusal(answer.status, "", response)
 
-    def refusal_response(self, status: int, message: str, headers: HeaderMap) -> bytes:
+    def refusal_response(
+        self, status: int, message: str, headers: HeaderMap, retry_after: int | None = None
+    ) -> bytes:
         body = json.dumps({"error": message}).encode("utf-8")
         given = headers.getRawHeaders(b"x-request-id", [None])[-1]
-        return refusal_bytes(status, body, {}, given, self._request_id)
+        extra = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        return refusal_bytes(status, body, extra, given, self._request_id)
