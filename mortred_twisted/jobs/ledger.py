@@ -79,6 +79,7 @@ class JobSnapshot(NamedTuple):
     completed_unix: float | None = None  # wall-clock time of the terminal transition
     queue_position: int | None = None  # pending only: 1 = the next to get a worker
     cancel_requested: bool = False  # running, and asked to stop
+    owner: str = ""  # the caller (principal) that submitted it; "" = the port itself
 
     @property
     def terminal(self) -> bool:
@@ -427,6 +428,7 @@ class AsyncJobTable(Generic[RequestT]):
             completed_unix=job.completed_unix,
             queue_position=position,
             cancel_requested=job.cancel_requested and job.state is JobState.RUNNING,
+            owner=job.owner,
         )
 
     def take_request(self, job_id: str) -> RequestT | None:

@@ -160,6 +160,7 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
     state, task, created, started, completed, error, progress, _attempt, now = reply[:9]
     cancel = reply_text(reply[9]) if len(reply) > 9 else None  # type: ignore[arg-type]
     position = _int(reply[10]) if len(reply) > 10 else None  # type: ignore[arg-type]
+    owner = reply_text(reply[11]) if len(reply) > 11 else None  # type: ignore[arg-type]
     created_ms = _int(created) or 0  # type: ignore[arg-type]
     started_ms = _int(started)  # type: ignore[arg-type]
     completed_ms = _ms(completed)  # type: ignore[arg-type]
@@ -180,6 +181,7 @@ def decode_snapshot(job_id: str, reply: list[object] | None) -> JobSnapshot | No
         completed_unix=None if completed_ms is None else completed_ms / 1000.0,
         queue_position=position or None,
         cancel_requested=bool(cancel) and reply_text(state) == "running",  # type: ignore[arg-type]
+        owner=owner or "",
     )
 
 

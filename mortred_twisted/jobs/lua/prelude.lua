@@ -36,7 +36,7 @@ end
 -- attempt, now, cancel, queue position (pending: 1 = next; else 0)} or false.
 local function view(id)
   local f = redis.call('HMGET', P .. 'job:' .. id, 'state', 'task', 'created', 'started',
-                       'completed', 'error', 'progress', 'attempt', 'cancel')
+                       'completed', 'error', 'progress', 'attempt', 'cancel', 'principal')
   if not f[1] then return false end
   local position = 0
   if f[1] == 'pending' then
@@ -52,7 +52,8 @@ local function view(id)
       end
     end
   end
-  return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now_ms(), f[9] or '', position}
+  return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now_ms(), f[9] or '', position,
+          f[10] or ''}
 end
 -- The one non-terminal -> terminal transition (callers check the state first).
 local function terminate(id, state, result, err, ttl_ms, max_completed)
