@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 from mortred_twisted.jobs.webhooks import normalise_allowed_hosts, secret_key
+from mortred_twisted.models.input_limits import input_limit_problems
 
 
 @dataclass(frozen=True)
@@ -395,6 +396,7 @@ def build_server_config(
             except tomllib.TOMLDecodeError as exc:
                 problems.append(f"model.config: {path}: invalid TOML: {exc}")
     options.update(model)
+    problems.extend(input_limit_problems(options))  # max_images, max_pixels
 
     if problems:
         raise ConfigErrors(source, problems)

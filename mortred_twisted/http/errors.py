@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mortred_twisted.models.base import InputDecodeError, InvalidRequest, RunCancelled
+from mortred_twisted.models.base import (
+    InputDecodeError,
+    InputTooLarge,
+    InvalidRequest,
+    RunCancelled,
+)
 
 SUCCESS = 0
 EMPTY_OR_UNDECODABLE_INPUT = 3
@@ -72,6 +77,8 @@ def to_api_error(exc: BaseException) -> ApiError:
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, InputTooLarge):  # before InvalidRequest, its base class
+        return ApiError(ENTITY_TOO_LARGE, f"input too large: {exc}")
     if isinstance(exc, InvalidRequest):
         return ApiError(INVALID_REQUEST, f"invalid request: {exc}")
     if isinstance(exc, InputDecodeError):

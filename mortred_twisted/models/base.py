@@ -33,9 +33,12 @@ import abc
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mortred_twisted.models.params import ParamSpec, validate_params
+
+if TYPE_CHECKING:
+    from mortred_twisted.models.input_limits import InputLimits
 
 
 class ModelError(Exception):
@@ -53,6 +56,17 @@ class InvalidRequest(ModelError):
 
 class InputDecodeError(ModelError):
     """An input image is empty or cannot be decoded (HTTP 400, code 3)."""
+
+
+class InputTooLarge(InvalidRequest):
+    """The request's images exceed the model's input limits (HTTP 413, code 61):
+    ``limit`` is the config key (``max_images``, ``max_pixels``), ``value`` its value
+    (see :mod:`mortred_twisted.models.input_limits`)."""
+
+    def __init__(self, field_name: str, message: str, *, limit: str, value: int) -> None:
+        super().__init__(field_name, message)
+        self.limit = limit
+        self.value = value
 
 
 class ModelLoadError(ModelError):
@@ -130,14 +144,26 @@ class Model(abc.ABC):
     #: How many runs this instance takes at once: its slots in the worker pool. Above
     #: 1, :meth:`step_batch` must return the instance's batch.
     run_capacity: int = 1
+    #: Images per request and pixels per image this instance accepts
+    #: (:class:`~mortred_twisted.models.input_limits.InputLimits`), set from the model
+    #: config when the registry builds it; None checks nothing.
+    input_limits: InputLimits | None = None
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
         """Check ``request`` cheaply and return it with normalised params.
 
-        Runs on the reactor thread before admission. Raises :class:`InvalidRequest`.
+        Runs on the reactor thread before admission. Raises :class:`InvalidRequest`,
+        :class:`InputTooLarge` (too many images or pixels, from the images' headers:
+        nothing is decoded) or :class:`InputDecodeError` (a header that cannot be
+        read). An override must call this (or ``check_input_limits``) to keep the
+        limits.
         """
         if self.uses_images and not request.images:
             raise InvalidRequest("images", "at least one image is required")
+        if self.uses_images and self.input_limits is not None:
+            from mortred_twisted.models.input_limits import check_input_limits
+
+            check_input_limits(request.images, self.input_limits)
         return request.with_params(validate_params(self.params_schema, request.params))
 
     @abc.abstractmethod

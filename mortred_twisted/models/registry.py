@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.models.input_limits import split_input_limits
 
 MODEL_FACTORIES: Mapping[str, str] = {
     "fake": "mortred_twisted.models.fake:create",
@@ -34,8 +35,12 @@ def known_model_types() -> list[str]:
 def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Model:
     """Import the family of ``model_type`` and build one instance.
 
-    Raises :class:`ModelLoadError` for an unknown type or a family that cannot be
-    imported; the family's own loading errors propagate unchanged.
+    The input limits (``max_images``, ``max_pixels``) are taken out of ``options``
+    before the family sees them and set on the instance (``Model.input_limits``; the
+    type's default when absent, see :mod:`mortred_twisted.models.input_limits`).
+
+    Raises :class:`ModelLoadError` for an unknown type, a family that cannot be
+    imported or a bad limit; the family's own loading errors propagate unchanged.
     """
     target = MODEL_FACTORIES.get(model_type)
     if target is None:
@@ -48,4 +53,10 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     except ImportError as exc:
         raise ModelLoadError(f"cannot import model family {module_name}: {exc}") from exc
     factory = getattr(module, attr)
-    return factory(options, root)
+    try:
+        limits, options = split_input_limits(model_type, options)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    model = factory(options, root)
+    model.input_limits = limits
+    return model
