@@ -74,13 +74,26 @@ def key_caller(name: str) -> bytes:
     return value.encode("ascii")
 
 
-def check_startup(host: str, static_token: str, keys: KeyRing) -> None:
-    """Raise :class:`InsecureStartup` when the gateway would be open off loopback."""
+def check_startup(host: str, static_token: str, keys: KeyRing, internal_token: str = "") -> None:
+    """Raise :class:`InsecureStartup` when the gateway would be open off loopback, or
+    would serve API keys without an internal token (the models then believe no
+    caller name, and every key would see, wait on and cancel every other's jobs)."""
     if not static_token and len(keys) == 0 and not is_loopback_host(host):
         raise InsecureStartup(
             f"refusing to listen on {host!r} without MORTRED_GATEWAY_AUTH_TOKEN or "
             "API keys (conf/api_keys.toml)"
         )
+    if len(keys) and not internal_token:
+        raise InsecureStartup(NO_INTERNAL_TOKEN)
+
+
+#: Why API keys need an internal token (start-up refusal and rejected key reloads).
+NO_INTERNAL_TOKEN = (
+    "API keys need MORTRED_INTERNAL_TOKEN: set it for the gateway and the same value as "
+    "MORTRED_AUTH_TOKEN on every model server it reaches (the supervisor does both), "
+    "so the models believe which key submitted a job; without it every key would see "
+    "every other key's jobs"
+)
 
 
 class AccessPolicy:

@@ -12,6 +12,8 @@ request that reached a route then carried it: the gateway, which names the API k
 it authenticated), else the port itself (``""``). ``X-Mortred-Principal-Scope:
 all`` (same condition) lets a caller list every job. Without a principal header the
 port's own token holder sees every job. Idempotency keys are scoped per principal.
+Every job route answers another principal's job exactly as an unknown id (404):
+status, wait, result, events and cancel (which leaves that job alone).
 
 Thread contract: reactor thread only.
 """
@@ -62,6 +64,26 @@ class JobControlRoutes:
         scope = request.requestHeaders.getRawHeaders(PRINCIPAL_SCOPE_HEADER, [b""])[0]
         return name, scope.strip().lower() == b"all"
 
+    def visible(self, request: IRequest, snap: JobSnapshot | None) -> JobSnapshot | None:
+        """``snap`` if this request's caller may see that job, else None: another
+        caller's job is answered exactly as an unknown id (404), so ids cannot be
+        probed. Callers with the ``all`` scope (and the port's own token holder)
+        see every job."""
+        if snap is None:
+            return None
+        owner, sees_all = self.principal(request)
+        return snap if sees_all or snap.owner == owner else None
+
+    def owns(self, request: IRequest, job_id: str) -> Any:
+        """Whether this request's caller may act on ``job_id`` (a bool, or a Deferred
+        of one on a shared store); True without a read for callers that see all."""
+        _, sees_all = self.principal(request)
+        if sees_all:
+            return True
+        return then(
+            self.runtime.store.snapshot(job_id), lambda s: self.visible(request, s) is not None
+        )
+
     # -- cancel -------------------------------------------------------------------
 
     def cancel_job(self, request: IRequest, job_id: str) -> Any:
@@ -69,10 +91,16 @@ class JobControlRoutes:
         if err is not None:
             return self._job_error(request, err)  # type: ignore[attr-defined]
         rid = self._request_id_header(request)  # type: ignore[attr-defined]
-        answer = then(
-            self.runtime.store.cancel(job_id),
-            lambda out: self._cancelled(request, job_id, *out, rid),
-        )
+
+        def cancel(visible: bool) -> Any:
+            if not visible:  # another caller's job: as unknown, and left alone
+                return self._job_lookup_error(request, job_id)  # type: ignore[attr-defined]
+            return then(
+                self.runtime.store.cancel(job_id),
+                lambda out: self._cancelled(request, job_id, *out, rid),
+            )
+
+        answer = then(self.owns(request, job_id), cancel)
         return self._store_errors(request, answer, rid)  # type: ignore[attr-defined]
 
     def _cancelled(
@@ -134,6 +162,7 @@ class JobControlRoutes:
         first = self.runtime.store.snapshot(job_id)
 
         def start(snap: JobSnapshot | None) -> Any:
+            snap = self.visible(request, snap)
             if snap is None:
                 return self._job_lookup_error(request, job_id)  # type: ignore[attr-defined]
             return Deferred.fromCoroutine(self._stream(request, job_id, snap, rid))

@@ -305,7 +305,11 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         rid = self._request_id_header(request)
         snap = self.runtime.store.snapshot(job_id)
         return self._store_errors(
-            request, then(snap, lambda s: self._status_answer(request, job_id, s, rid)), rid
+            request,
+            then(
+                snap, lambda s: self._status_answer(request, job_id, self.visible(request, s), rid)
+            ),
+            rid,
         )
 
     def _status_answer(
@@ -326,7 +330,9 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
             return self._job_error(request, bad)
         rid = self._request_id_header(request)
         snap = self.runtime.store.snapshot(job_id)
-        answer = then(snap, lambda s: self._wait_on(request, job_id, s, budget_ms, rid))
+        answer = then(
+            snap, lambda s: self._wait_on(request, job_id, self.visible(request, s), budget_ms, rid)
+        )
         return self._store_errors(request, answer, rid)
 
     def _wait_on(
@@ -371,10 +377,15 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         if err is not None:
             return self._job_error(request, err)
         rid = self._request_id_header(request)
-        lookup = self.runtime.store.take_result(job_id)
-        return self._store_errors(
-            request, then(lookup, lambda found: self._result_answer(request, job_id, found)), rid
-        )
+        store = self.runtime.store
+
+        def take(visible: bool) -> Any:
+            if not visible:
+                return self._job_lookup_error(request, job_id)
+            lookup = store.take_result(job_id)
+            return then(lookup, lambda found: self._result_answer(request, job_id, found))
+
+        return self._store_errors(request, then(self.owns(request, job_id), take), rid)
 
     def _result_answer(self, request: IRequest, job_id: str, lookup: ResultLookup) -> bytes:
         if not lookup.found:

@@ -30,7 +30,7 @@ from mortred_twisted.config.control import (
     with_overrides,
 )
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.gateway.access import AccessPolicy, check_startup
+from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.gateway.pool import LeanUpstreamClient
@@ -114,6 +114,12 @@ class GatewayService(service.MultiService):
             self.app.metrics.key_reloads.labels("error").inc()
             log.error("API key reload rejected, keeping previous keys: {exc}", exc=exc)
             return False
+        if len(keys) and not self.app.internal_token:
+            self.app.metrics.key_reloads.labels("error").inc()
+            log.error(
+                "API key reload rejected, keeping previous keys: {why}", why=NO_INTERNAL_TOKEN
+            )
+            return False
         self.app.policy.replace_keys(keys)
         self.app.metrics.api_keys.set(len(keys))
         self.app.metrics.key_reloads.labels("ok").inc()
@@ -160,7 +166,8 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         raise usage.UsageError(str(exc)) from None
     gw = config.gateway
     static_token = env.get("MORTRED_GATEWAY_AUTH_TOKEN", "")
-    check_startup(gw.host, static_token, keys)
+    internal_token = env.get("MORTRED_INTERNAL_TOKEN", "")
+    check_startup(gw.host, static_token, keys, internal_token)
     policy = AccessPolicy(
         static_token=static_token,
         keys=keys,
@@ -183,7 +190,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         upstream=upstream,
         clock=reactor,
         metrics=metrics,
-        internal_token=env.get("MORTRED_INTERNAL_TOKEN", ""),
+        internal_token=internal_token,
     )
     # Our HTTP/1.1 connection handling on llhttp (gateway/server.py), not twisted.web:
     # per request it costs about half the CPU, and the gateway's CPU bounds its

@@ -128,6 +128,32 @@ def test_each_api_key_lists_its_own_jobs(plane: ControlPlane) -> None:
     assert code == 200 and [j["job_id"] for j in doc["jobs"]] == [b]
 
 
+def test_another_keys_job_is_404_on_every_job_route(plane: ControlPlane) -> None:
+    """Through the gateway, bob gets 404 for alice's job on status, wait, result,
+    events and cancel (as for an unknown id), and his DELETE leaves it running; alice
+    and an `all` key still see it."""
+    a = submit(plane, "alice")
+    try:
+        for method, path in (
+            ("GET", f"{JOBS}/{a}"),
+            ("GET", f"{JOBS}/{a}/wait?timeout=0"),
+            ("GET", f"{JOBS}/{a}/result"),
+            ("GET", f"{JOBS}/{a}/events"),
+            ("DELETE", f"{JOBS}/{a}"),
+        ):
+            code, _, doc = gw(plane, "bob", method, path)
+            assert code == 404 and "not found" in doc["error"], (method, path, doc)
+        code, _, doc = gw(plane, "alice", "GET", f"{JOBS}/{a}")
+        assert (
+            code == 200
+            and doc["state"] in ("pending", "running")
+            and not doc.get("cancel_requested")
+        ), doc
+        assert gw(plane, "ops", "GET", f"{JOBS}/{a}")[0] == 200
+    finally:
+        cancel_all(plane, a)
+
+
 def test_idempotent_submit_retried_after_the_client_cut_its_connection(
     plane: ControlPlane,
 ) -> None:

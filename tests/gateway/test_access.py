@@ -89,7 +89,16 @@ def test_open_only_without_credentials() -> None:
     with pytest.raises(InsecureStartup):
         check_startup("0.0.0.0", "", KeyRing())
     check_startup("0.0.0.0", "t", KeyRing())
-    check_startup("0.0.0.0", "", KeyRing([ApiKey("a", hash_key("x"))]))
+    check_startup("0.0.0.0", "", KeyRing([ApiKey("a", hash_key("x"))]), "internal")
+
+
+def test_api_keys_without_an_internal_token_refuse_to_start() -> None:
+    """Keys but no internal token: the models would believe no caller name, so every
+    key would see every other key's jobs; the gateway refuses, saying what to set."""
+    keys = KeyRing([ApiKey("a", hash_key("x"))])
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with pytest.raises(InsecureStartup, match="MORTRED_INTERNAL_TOKEN"):
+            check_startup(host, "", keys)
 
 
 def test_key_file_errors_reported_at_once() -> None:

@@ -60,12 +60,29 @@ def test_reload_keys_keeps_old_ring_on_error(tmp_path: Path) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "a"\nsha256 = "{hash_key("k1")}"\n')
     path = conf(tmp_path, f'api_keys = "{keys}"\n')
-    svc = build_service(options("--config", str(path)), MemoryReactorClock(), {})
+    env = {"MORTRED_INTERNAL_TOKEN": "i"}
+    svc = build_service(options("--config", str(path)), MemoryReactorClock(), env)
     assert svc.app.policy.keys.lookup("k1") is not None
     keys.write_text(f'[[keys]]\nname = "b"\nsha256 = "{hash_key("k2")}"\n')
     assert svc.reload_keys() and svc.app.policy.keys.lookup("k2") is not None
     keys.write_text("[[keys]]\nname = 3\n")
     assert not svc.reload_keys() and svc.app.policy.keys.lookup("k2") is not None
+
+
+def test_keys_without_an_internal_token_are_refused_at_start_and_on_reload(
+    tmp_path: Path,
+) -> None:
+    """A gateway with API keys and no MORTRED_INTERNAL_TOKEN does not start; one
+    started without keys keeps none when a reload would bring some."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[[keys]]\nname = "a"\nsha256 = "{hash_key("k1")}"\n')
+    path = conf(tmp_path, f'api_keys = "{keys}"\n')
+    with pytest.raises(InsecureStartup, match="MORTRED_INTERNAL_TOKEN"):
+        build_service(options("--config", str(path)), MemoryReactorClock(), {})
+    keys.write_text("")
+    svc = build_service(options("--config", str(path)), MemoryReactorClock(), {})
+    keys.write_text(f'[[keys]]\nname = "a"\nsha256 = "{hash_key("k1")}"\n')
+    assert not svc.reload_keys() and svc.app.policy.keys.lookup("k1") is None
 
 
 def test_port_must_be_integer() -> None:

@@ -1,0 +1,63 @@
+"""Job ids are per caller (issue 17 § 4): on a model port with a token, a job belongs
+to the ``X-Mortred-Principal`` that submitted it, and every job route answers another
+caller's job exactly as an unknown id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.http.test_model_server_app import IMG, call, make_app
+
+TOKEN = "internal"
+
+
+def as_caller(name: str | None, scope_all: bool = False) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    if name is not None:
+        headers["X-Mortred-Principal"] = name
+    if scope_all:
+        headers["X-Mortred-Principal-Scope"] = "all"
+    return headers
+
+
+def submitted(stub: Any) -> str:
+    status, _, doc = call(stub, "POST", "/jobs", {"images": [IMG]}, as_caller("key:alice"))
+    assert status == 202
+    return str(doc["job_id"])
+
+
+ROUTES = [
+    ("GET", "/jobs/{id}"),
+    ("GET", "/jobs/{id}/wait?timeout=0"),
+    ("GET", "/jobs/{id}/result"),
+    ("GET", "/jobs/{id}/events"),
+    ("DELETE", "/jobs/{id}"),
+]
+
+
+@pytest.mark.parametrize(("method", "route"), ROUTES)
+def test_another_callers_job_is_answered_as_an_unknown_id(method: str, route: str) -> None:
+    """Bob gets, for Alice's job, the very status and body an unknown id gets (only
+    the id in the message differs), and a DELETE leaves her job alone."""
+    app, _clock, _threads, stub = make_app(auth_token=TOKEN, worker_nums=1)
+    job = submitted(stub)
+    status, _, body = call(stub, method, route.format(id=job), headers=as_caller("key:bob"))
+    unknown = "job_" + "0" * 24
+    status_u, _, body_u = call(stub, method, route.format(id=unknown), headers=as_caller("key:bob"))
+    assert (status, status_u) == (404, 404)
+    assert body["code"] == body_u["code"] and body["error"].replace(job, unknown) == body_u["error"]
+    snap = app.runtime.store.snapshot(job)
+    assert snap is not None and not snap.cancel_requested and snap.state.value != "cancelled"
+
+
+@pytest.mark.parametrize("who", [as_caller("key:alice"), as_caller("key:ops", scope_all=True),
+                                 as_caller(None)])  # fmt: skip
+def test_the_owner_an_all_scope_caller_and_the_port_token_see_the_job(who: dict[str, str]) -> None:
+    _app, _clock, _threads, stub = make_app(auth_token=TOKEN, worker_nums=1)
+    job = submitted(stub)
+    status, _, doc = call(stub, "GET", f"/jobs/{job}", headers=who)
+    assert status == 200 and doc["job_id"] == job
+    status, _, _ = call(stub, "DELETE", f"/jobs/{job}", headers=who)
+    assert status in (200, 202)
