@@ -1,0 +1,285 @@
+"""Step batching of diffusion runs (DenoiseBatch) over tiny random diffusers pipelines:
+mixed requests share one denoiser call per step and each image stays its own."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunCancelled, RunContext
+from mortred_twisted.models.diffusion import batching
+from mortred_twisted.models.diffusion.batching import DenoiseBatch, SamplingDiverged
+
+FAMILIES = ["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
+#: The stated tolerance: an image alone vs in a batch, max difference per pixel (of 255).
+TOLERANCE = 2
+
+#: Requests that differ in everything a request can choose.
+MIXED: list[dict[str, Any]] = [
+    {"scheduler": "dpmsolver++", "sample_steps": 6, "seed": 1},
+    {"scheduler": "ddim", "sample_steps": 4, "seed": 2, "eta": 0.5, "num_images": 2},
+    {"scheduler": "euler-ancestral", "sample_steps": 5, "seed": 3},
+    {"scheduler": "ddpm", "sample_steps": 3, "seed": 4, "num_images": 3},
+    {"scheduler": "unipc", "sample_steps": 6, "seed": 5, "predicted_x0": True},
+    {"scheduler": "euler-karras", "sample_steps": 2, "seed": 6},
+]
+CONDITIONAL = [
+    {"guidance_scale": 3.0, "class_id": 1},
+    {"guidance_scale": 1.0},
+    {"guidance_scale": 0.0, "class_id": 7},
+    {"guidance_scale": 2.0},
+    {"guidance_scale": 5.0, "class_id": 9},
+    {"guidance_scale": 1.0, "class_id": 3},
+]
+
+
+def mixed(family: str) -> list[dict[str, Any]]:
+    if family != "CLS_COND_DDIM":
+        return MIXED
+    return [{**p, **c} for p, c in zip(MIXED, CONDITIONAL, strict=True)]
+
+
+def pixels(data: dict[str, Any]) -> list[np.ndarray]:
+    out = []
+    for b64 in data["images"]:
+        with Image.open(io.BytesIO(base64.b64decode(b64))) as img:
+            out.append(np.asarray(img).astype(np.int16))
+    return out
+
+
+def max_diff(a: dict[str, Any], b: dict[str, Any]) -> int:
+    assert len(a["images"]) == len(b["images"])
+    return max(int(np.abs(x - y).max()) for x, y in zip(pixels(a), pixels(b), strict=True))
+
+
+def requests(model: Any, params: list[dict[str, Any]]) -> list[InferenceRequest]:
+    return [
+        model.validate(InferenceRequest(req_id=f"r{i}", params=p)) for i, p in enumerate(params)
+    ]
+
+
+def run_staggered(
+    model: Any, reqs: list[InferenceRequest], ctxs: list[RunContext], join_at: list[int]
+) -> dict[int, Any]:
+    """Step a DenoiseBatch by hand; request i joins before step ``join_at[i]``."""
+    batch = DenoiseBatch(model, model.max_batch_images)
+    outcomes: dict[int, Any] = {}
+    tick = 0
+    while len(outcomes) < len(reqs):
+        for key, (req, ctx) in enumerate(zip(reqs, ctxs, strict=True)):
+            if join_at[key] == tick:
+                batch.join(key, req, ctx)
+        outcomes.update(batch.step())
+        tick += 1
+    assert batch.active == 0
+    return outcomes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_image_is_the_same_alone_and_in_a_mixed_batch(
+    build: Callable[..., Any], family: str
+) -> None:
+    """Runs of different schedulers, steps, eta, guidance, image counts, seeds and
+    classes, joining at different steps, give each the images it gives alone."""
+    model = build(family, max_running_jobs=8)
+    reqs = requests(model, mixed(family))
+    alone = [model.run(r, RunContext()) for r in reqs]
+    together = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 1, 2, 2, 3])
+    for i, data in enumerate(alone):
+        got = together[i]
+        assert not isinstance(got, BaseException), got
+        assert max_diff(got, data) <= TOLERANCE, (i, mixed(family)[i])
+        assert (got["seed"], got["steps"], got["scheduler"]) == (
+            data["seed"], data["steps"], data["scheduler"],
+        )  # fmt: skip
+        assert got.get("class_ids") == data.get("class_ids")
+        assert len(got.get("predicted_x0", [])) == len(data.get("predicted_x0", []))
+
+
+@pytest.mark.parametrize("family", ["DDIM", "CLS_COND_DDIM"])
+def test_the_batch_makes_one_denoiser_call_per_step(build: Callable[..., Any], family: str) -> None:
+    """All runs of a step go through one denoiser call whose rows are every run's rows
+    (a guided image counts twice)."""
+    model = build(family, max_running_jobs=4, max_batch_images=64)
+    params = [{"sample_steps": 3, "seed": 1, "num_images": 2}, {"sample_steps": 3, "seed": 2}]
+    if family == "CLS_COND_DDIM":
+        params = [{**params[0], "guidance_scale": 2.0}, {**params[1], "guidance_scale": 1.0}]
+    calls: list[int] = []
+    hook = model.pipe.denoiser.register_forward_pre_hook(
+        lambda _m, args: calls.append(args[0].shape[0])
+    )
+    try:
+        run_staggered(model, requests(model, params), [RunContext(), RunContext()], [0, 0])
+    finally:
+        hook.remove()
+    rows = 2 * 2 + 1 if family == "CLS_COND_DDIM" else 2 + 1
+    assert calls == [rows] * 3
+
+
+def test_max_batch_images_caps_the_rows_of_each_call(build: Callable[..., Any]) -> None:
+    """Over max_batch_images rows a step makes several calls, none above the cap, and
+    the images stay those of the runs alone."""
+    model = build("CLS_COND_DDIM", max_running_jobs=4, max_batch_images=3)
+    params = [
+        {"sample_steps": 2, "seed": 1, "num_images": 2, "guidance_scale": 2.0},
+        {"sample_steps": 2, "seed": 2, "num_images": 3, "guidance_scale": 1.0},
+    ]
+    reqs = requests(model, params)
+    calls: list[int] = []
+    hook = model.pipe.denoiser.register_forward_pre_hook(
+        lambda _m, args: calls.append(args[0].shape[0])
+    )
+    try:
+        together = run_staggered(model, reqs, [RunContext(), RunContext()], [0, 0])
+    finally:
+        hook.remove()
+    assert calls == [3, 3, 1] * 2  # 4 + 3 = 7 rows per step
+    for i, req in enumerate(reqs):
+        assert max_diff(together[i], model.run(req, RunContext())) <= TOLERANCE
+
+
+def test_progress_is_reported_per_run_per_step(build: Callable[..., Any]) -> None:
+    """Each run's context sees its own steps and total, in order."""
+    model = build("DDIM", max_running_jobs=4)
+    seen: list[list[tuple[int, int]]] = [[], []]
+    ctxs = [RunContext(lambda s, t, i=i: seen[i].append((s, t))) for i in range(2)]
+    params = [{"sample_steps": 4, "seed": 1}, {"sample_steps": 2, "seed": 2}]
+    run_staggered(model, requests(model, params), ctxs, [0, 1])
+    assert seen == [[(1, 4), (2, 4), (3, 4), (4, 4)], [(1, 2), (2, 2)]]
+
+
+def test_a_cancelled_run_leaves_at_the_next_boundary_alone(build: Callable[..., Any]) -> None:
+    """A cancel during step 2 ends that run after step 2 with RunCancelled; its batch
+    mate finishes with the images it has alone."""
+    model = build("LDM", max_running_jobs=4)
+    reqs = requests(model, [{"sample_steps": 8, "seed": 1}, {"sample_steps": 5, "seed": 2}])
+    steps: list[int] = []
+    ctx: RunContext
+
+    def on_progress(step: int, total: int) -> None:
+        steps.append(step)
+        if step == 2:
+            ctx.cancel()
+
+    ctx = RunContext(on_progress)
+    out = run_staggered(model, reqs, [ctx, RunContext()], [0, 0])
+    assert isinstance(out[0], RunCancelled) and steps == [1, 2]
+    assert max_diff(out[1], model.run(reqs[1], RunContext())) <= TOLERANCE
+
+
+def test_a_run_cancelled_before_a_step_costs_no_forward(build: Callable[..., Any]) -> None:
+    """A run cancelled between two steps leaves before the next denoiser call."""
+    model = build("DDIM", max_running_jobs=4)
+    batch = DenoiseBatch(model, 32)
+    ctx = RunContext()
+    batch.join(1, requests(model, [{"sample_steps": 5, "seed": 1}])[0], ctx)
+    batch.step()
+    ctx.cancel()
+    left = batch.step()
+    assert [k for k, _ in left] == [1] and isinstance(left[0][1], RunCancelled)
+    assert batch.forward_rows == [1]
+
+
+def failing(scheduler: Any, at: int, nan: bool) -> Any:
+    """``scheduler`` whose ``step`` raises, or returns NaN, from its ``at``-th call on."""
+    inner = scheduler.step
+    calls = [0]
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        out = inner(*args, **kwargs)
+        if calls[0] >= at:
+            if not nan:
+                raise RuntimeError("scheduler exploded")
+            out.prev_sample = torch.full_like(out.prev_sample, float("nan"))
+        return out
+
+    scheduler.step = step
+    return scheduler
+
+
+@pytest.mark.parametrize(("nan", "error"), [(False, RuntimeError), (True, SamplingDiverged)])
+def test_a_run_whose_scheduler_raises_or_turns_nan_fails_alone(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, nan: bool, error: type
+) -> None:
+    """The failing run ends with its own error; the others finish with their images."""
+    model = build("DDIM", max_running_jobs=4)
+    reqs = requests(
+        model,
+        [
+            {"sample_steps": 4, "seed": 1},
+            {"sample_steps": 4, "seed": 99},
+            {"sample_steps": 3, "seed": 3},
+        ],
+    )
+    alone = {i: model.run(reqs[i], RunContext()) for i in (0, 2)}
+    real_make = batching.schedulers.make
+    made: list[Any] = []
+
+    def make(name: str, base: dict[str, Any]) -> Any:
+        scheduler = real_make(name, base)
+        made.append(scheduler)
+        return failing(scheduler, at=2, nan=nan) if len(made) == 2 else scheduler
+
+    monkeypatch.setattr(batching.schedulers, "make", make)
+    out = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0])
+    assert isinstance(out[1], error)
+    if nan:
+        assert "step 2 of 4" in str(out[1])
+    for i in (0, 2):
+        assert max_diff(out[i], alone[i]) <= TOLERANCE
+
+
+def test_a_run_alone_fails_on_nan_too(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Model.run raises SamplingDiverged instead of returning images of NaN."""
+    model = build("DDPM")
+    real_make = batching.schedulers.make
+    monkeypatch.setattr(
+        batching.schedulers, "make", lambda n, b: failing(real_make(n, b), at=1, nan=True)
+    )
+    with pytest.raises(SamplingDiverged):
+        model.run(requests(model, [{"sample_steps": 3, "seed": 1}])[0], RunContext())
+
+
+def test_run_batch_steps_sync_batches_together(build: Callable[..., Any]) -> None:
+    """run_batch (the sync path's dynamic batching) returns each run's data or error."""
+    model = build("DDPM")
+    reqs = requests(model, [{"sample_steps": 3, "seed": 1}, {"sample_steps": 2, "seed": 2}])
+    cancelled = RunContext()
+    cancelled.cancel()
+    out = model.run_batch(reqs, [RunContext(), cancelled])
+    assert isinstance(out[1], RunCancelled)
+    assert max_diff(out[0], model.run(reqs[0], RunContext())) <= TOLERANCE
+
+
+def test_capacity_is_the_model_option(build: Callable[..., Any]) -> None:
+    """max_running_jobs is the instance's run capacity; 1 means no step batch."""
+    batched = build("DDIM", max_running_jobs=5)
+    assert batched.run_capacity == 5 and isinstance(batched.step_batch(), DenoiseBatch)
+    assert batched.step_batch() is batched.step_batch()
+    single = build("DDIM", max_running_jobs=1)
+    assert single.run_capacity == 1 and single.step_batch() is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("max_running_jobs", 0, "max_running_jobs: must be >= 1"),
+        ("max_batch_images", "8", "max_batch_images: expected int"),
+    ],
+)
+def test_bad_batching_options_are_load_errors(
+    build: Callable[..., Any], key: str, value: Any, says: str
+) -> None:
+    """Batching options out of range or of the wrong type keep the server not ready."""
+    with pytest.raises(ModelLoadError, match=says):
+        build("DDIM", **{key: value})
