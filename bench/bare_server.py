@@ -6,7 +6,7 @@ status answer), so the model server's ``GET /jobs/{id}`` throughput can be compa
 with what the HTTP stack itself can do in the same run on the same core.
 ``twisted`` (the default) is a one-method ``twisted.web`` resource, the stack the
 model ports run on; ``llhttp`` is the gateway's own HTTP/1.1 server
-(:mod:`mortred_twisted.gateway.server`) with an app that answers the same bytes.
+(:mod:`mortred_twisted.http11.server`) with an app that answers the same bytes.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def main() -> None:
     stack = sys.argv[3] if len(sys.argv) > 3 else "twisted"
     if stack == "llhttp":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from mortred_twisted.gateway.server import GatewayServerFactory
+        from mortred_twisted.http11.server import HTTPServerFactory
 
-        factory: Any = GatewayServerFactory(FixedApp(body), clock=reactor, max_body_bytes=1 << 20)
+        factory: Any = HTTPServerFactory(FixedApp(body), clock=reactor, max_body_bytes=1 << 20)
     elif stack == "twisted":
         factory = QuietSite(Fixed(body))
     else:

@@ -103,7 +103,7 @@ def gateway(tmp: Path, model_port: int, cpus: str) -> Iterator[Gateway]:
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if "GatewayServerFactory starting on" in line:
+            if "HTTPServerFactory starting on" in line:
                 started.set()
         started.set()
 

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from mortred_twisted.gateway.apikeys import KeyRing
 from mortred_twisted.http.auth import bearer_token, is_loopback_host, token_matches
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 
 INFERENCE = "inference"
 METRICS = "metrics"

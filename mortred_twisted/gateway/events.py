@@ -1,7 +1,7 @@
 """Relaying a job's event stream to a gateway client as it arrives (reactor thread).
 
 :func:`relay` takes the model's answer to ``GET /jobs/{job}/events`` once its head is
-in (an :class:`~mortred_twisted.gateway.upstream_stream.UpstreamStream`, status and headers
+in (an :class:`~mortred_twisted.http11.upstream_stream.UpstreamStream`, status and headers
 already copied to ``request``). A ``200 text/event-stream`` is relayed: the client's
 head is sent at once, then every complete record (:class:`~.rewrite.EventRecords`:
 cut at blank lines, job URLs rewritten in each ``data:`` line) with
@@ -10,7 +10,7 @@ answer (an error JSON) is read whole and returned with its ``Content-Length``.
 
 The returned Deferred fires with the last bytes to send when the upstream body is
 complete, fails like the stream's ``done``
-(:class:`~mortred_twisted.gateway.upstream.UpstreamError` when it broke off), and,
+(:class:`~mortred_twisted.http11.upstream.UpstreamError` when it broke off), and,
 cancelled (the client left), aborts the upstream connection, which ends the
 model's stream.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from twisted.internet import defer
 
 from mortred_twisted.gateway.rewrite import EventRecords
-from mortred_twisted.gateway.upstream_stream import UpstreamStream
+from mortred_twisted.http11.upstream_stream import UpstreamStream
 
 EVENT_STREAM = b"text/event-stream"
 

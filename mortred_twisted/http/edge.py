@@ -37,7 +37,7 @@ from mortred_twisted.http.auth import (
 from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.framing import REASONS, EarlyResponse, header_value
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
 JSON_TYPE = b"application/json; charset=utf-8"

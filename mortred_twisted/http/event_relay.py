@@ -14,7 +14,7 @@ complete line, so that ``rewrite_data`` sees whole ``data:`` lines; the model wr
 whole records) and returns
 ``b""`` when the upstream stream ends (for any reason: the job is terminal, or the
 model went away; a browser then reconnects); for any other answer returns its body
-whole. Raises :class:`~mortred_twisted.gateway.upstream.UpstreamUnavailable` (the
+whole. Raises :class:`~mortred_twisted.http11.upstream.UpstreamUnavailable` (the
 model is not listening) or :class:`~.UpstreamTransportError` before anything was
 written. Reactor thread only.
 """
@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 
-from mortred_twisted.gateway.upstream import UpstreamTransportError, UpstreamUnavailable
+from mortred_twisted.http11.upstream import UpstreamTransportError, UpstreamUnavailable
 
 PASSED_HEADERS = (b"content-type", b"cache-control", b"x-request-id", b"retry-after")
 

@@ -30,11 +30,11 @@ dedicated upstream connection (``LeanUpstreamClient.stream``) and relayed by
 client as soon as it arrives (chunked), the stream ends when the model's does, a
 client that goes away aborts the upstream connection (the model's stream ends with
 it), and an upstream that breaks off mid-stream cuts the client's answer
-(:class:`~mortred_twisted.gateway.messages.StreamCut`).
+(:class:`~mortred_twisted.http11.messages.StreamCut`).
 
 :meth:`GatewayApp.dispatch` matches every path by hand and works on any request object
 with the ``IRequest`` subset it uses. The gateway serves it through its own lean
-HTTP/1.1 server (:mod:`mortred_twisted.gateway.server`); :class:`GatewayResource`
+HTTP/1.1 server (:mod:`mortred_twisted.http11.server`); :class:`GatewayResource`
 serves the same method under twisted.web, and the Klein app routes everything to it
 (:meth:`GatewayApp.klein_resource`); tests check all three answer alike. A client
 that disconnects cancels the forward's Deferred, which cancels the
@@ -61,7 +61,6 @@ from twisted.web.server import NOT_DONE_YET
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
 from mortred_twisted.gateway.events import is_event_stream, relay
-from mortred_twisted.gateway.messages import StreamCut
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
 from mortred_twisted.gateway.routing import (
@@ -73,11 +72,12 @@ from mortred_twisted.gateway.routing import (
     match,
     resolve,
 )
-from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
-from mortred_twisted.gateway.upstream_stream import UpstreamStream
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.edge import is_json_content_type
 from mortred_twisted.http.fastpath import respond_when_fired
+from mortred_twisted.http11.messages import StreamCut
+from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
+from mortred_twisted.http11.upstream_stream import UpstreamStream
 
 log = Logger()
 

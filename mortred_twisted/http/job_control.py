@@ -26,9 +26,9 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mortred_twisted.http import errors as E
-from mortred_twisted.http import sse
 from mortred_twisted.http.edge import json_bytes
 from mortred_twisted.http.errors import ApiError
+from mortred_twisted.http11 import sse
 from mortred_twisted.jobs.ledger import JobPage, JobSnapshot
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.status import status_body

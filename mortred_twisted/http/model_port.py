@@ -2,8 +2,8 @@
 
 ``[server] http_server = "llhttp"`` (the default; ``"twisted"`` keeps twisted.web,
 :mod:`~mortred_twisted.http.limits`) serves a model port with
-:class:`~mortred_twisted.gateway.server.GatewayServerFactory`'s connections: llhttp
-framing and the RFC rules of :func:`~mortred_twisted.gateway.messages.check_head`,
+:class:`~mortred_twisted.http11.server.HTTPServerFactory`'s connections: llhttp
+framing and the RFC rules of :func:`~mortred_twisted.http11.messages.check_head`,
 pipelining answered in order, read and idle deadlines by one sweep, a connection
 cap, streamed answers (job events) and cancel-on-disconnect. twisted.web's channel,
 ``Request`` and response writing were most of a small request's CPU on a model port
@@ -40,10 +40,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from mortred_twisted.gateway.messages import HeaderMap, ProxyRequest, Refusal
-from mortred_twisted.gateway.server import GatewayServerFactory
 from mortred_twisted.http.framing import EarlyResponse, refusal_bytes
 from mortred_twisted.http.limits import EarlyReject
+from mortred_twisted.http11.messages import HeaderMap, Refusal, ServerRequest
+from mortred_twisted.http11.server import HTTPServerFactory
 
 log = Logger()
 
@@ -56,7 +56,7 @@ class ModelPortRequest:
     ``IRequest`` subset they read and write). Handlers may set attributes of their
     own on it (route label, start time, request id)."""
 
-    def __init__(self, proxy: ProxyRequest) -> None:
+    def __init__(self, proxy: ServerRequest) -> None:
         self._proxy = proxy
         self.method = proxy.method
         self.uri = proxy.uri
@@ -133,7 +133,7 @@ class ModelPortApp:
 
     # -- dispatch -------------------------------------------------------------------
 
-    def dispatch(self, proxy: ProxyRequest) -> bytes | Deferred[bytes]:
+    def dispatch(self, proxy: ServerRequest) -> bytes | Deferred[bytes]:
         request = ModelPortRequest(proxy)
         self._active += 1
         try:
@@ -176,7 +176,7 @@ class ModelPortApp:
         return self._klein.execute_endpoint(rule.endpoint, request, **kwargs)
 
 
-class ModelPortFactory(GatewayServerFactory):
+class ModelPortFactory(HTTPServerFactory):
     """The gateway server's factory with a model port's policies: the app's
     ``early_reject`` answer to a body over the limit, refusals shaped as the model
     port's (JSON, ``X-Request-ID``), ``Server: mortred-model``, and deadlines swept
@@ -226,7 +226,7 @@ class ModelPortFactory(GatewayServerFactory):
     def when_idle(self) -> Deferred[None]:
         return self.port_app.when_idle()
 
-    def judge_head(self, request: ProxyRequest, length: int) -> Refusal | None:
+    def judge_head(self, request: ServerRequest, length: int) -> Refusal | None:
         """From the head of a request with a body: the model server's own decision
         (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.edge.EdgeBase.
         refuse_from_head`), shaped as the route would answer it."""
@@ -237,7 +237,7 @@ class ModelPortFactory(GatewayServerFactory):
         response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
         return Refusal(answer.status, "", response)
 
-    def too_large(self, request: ProxyRequest, length: int) -> Refusal:
+    def too_large(self, request: ServerRequest, length: int) -> Refusal:
         answer: EarlyResponse = self._early_reject(
             request.method, request.uri, request.requestHeaders, length
         )

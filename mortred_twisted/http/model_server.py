@@ -35,7 +35,7 @@ from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fastpath import FastRoutes
 from mortred_twisted.http.job_control import JobControlRoutes
 from mortred_twisted.http.openapi import build_openapi
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
 from mortred_twisted.jobs.ledger import Admission, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.status import status_body

@@ -34,7 +34,6 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
 from mortred_twisted.config.catalog import Catalog
-from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.http.auth import (
     WWW_AUTHENTICATE,
     bearer_token,
@@ -42,6 +41,7 @@ from mortred_twisted.http.auth import (
     token_matches,
 )
 from mortred_twisted.http.event_relay import relay_events
+from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
 

@@ -6,7 +6,7 @@
 ``<prefix>_address_refusals_total`` (connections closed by the per-address cap),
 ``<prefix>_write_pauses_total`` (times a connection stopped reading because its
 client did not read its answers). The server object is any with those attributes
-(:class:`~mortred_twisted.gateway.server.GatewayServerFactory`).
+(:class:`~mortred_twisted.http11.server.HTTPServerFactory`).
 
 Thread contract: scrapes run on the reactor thread, as the server's updates do.
 """

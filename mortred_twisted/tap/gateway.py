@@ -33,10 +33,10 @@ from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.pool import LeanUpstreamClient
-from mortred_twisted.gateway.server import GatewayServerFactory
 from mortred_twisted.http.gateway import GatewayApp
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.pool import LeanUpstreamClient
+from mortred_twisted.http11.ratelimit import RateLimiter
+from mortred_twisted.http11.server import HTTPServerFactory
 
 log = Logger()
 
@@ -87,7 +87,7 @@ def load_config(options: Options) -> ControlConfig:
 
 class GatewayService(service.MultiService):
     """The listening port plus SIGHUP reload, and a graceful stop: stop listening,
-    let requests in progress finish for up to ``grace_s`` (:meth:`GatewayServerFactory.
+    let requests in progress finish for up to ``grace_s`` (:meth:`HTTPServerFactory.
     drain`), then close the upstream pool."""
 
     def __init__(
@@ -95,7 +95,7 @@ class GatewayService(service.MultiService):
         app: GatewayApp,
         keys_path: Path,
         reactor: Any,
-        server: GatewayServerFactory | None = None,
+        server: HTTPServerFactory | None = None,
         grace_s: float = 5.0,
     ) -> None:
         super().__init__()
@@ -192,10 +192,10 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         metrics=metrics,
         internal_token=internal_token,
     )
-    # Our HTTP/1.1 connection handling on llhttp (gateway/server.py), not twisted.web:
+    # Our HTTP/1.1 connection handling on llhttp (http11/server.py), not twisted.web:
     # per request it costs about half the CPU, and the gateway's CPU bounds its
     # throughput.
-    server = GatewayServerFactory(
+    server = HTTPServerFactory(
         app,
         clock=reactor,
         max_body_bytes=gw.request_size_limit_bytes,
@@ -204,6 +204,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         access_log=bool(options["access-log"]),
         on_refused=lambda status: metrics.hot.count("refused", str(status)),
         body_budget_bytes=gw.body_budget_bytes,
+        server_header=b"mortred-gateway",
         max_connections_per_address=gw.max_connections_per_client,
     )
     metrics.open_connections.set_function(lambda: server.open_connections)

@@ -36,7 +36,7 @@ from mortred_twisted.http.envelope import new_request_id
 from mortred_twisted.http.limits import LimitedSite
 from mortred_twisted.http.model_port import ModelPortApp, ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.metrics.edge import EdgeLimitsCollector
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.runtime.deadline import within

@@ -67,7 +67,7 @@ def test_api_key_and_rate_limit(plane: ControlPlane) -> None:
 
 def test_sighup_reloads_keys_without_dropping_requests(plane: ControlPlane) -> None:
     """After SIGHUP the new key works and the removed one is 401; a wait in flight survives."""
-    _, _, body, _ = plane.gw("POST", JOBS, body=BODY)
+    _, _, body, _ = plane.gw("POST", JOBS, body=BODY, token="key-old")  # its own job
     job = json.loads(body)["job_id"]
     result: list[int] = []
     waiter = threading.Thread(

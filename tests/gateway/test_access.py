@@ -14,7 +14,7 @@ from mortred_twisted.gateway.access import (
     key_caller,
 )
 from mortred_twisted.gateway.apikeys import ApiKey, KeyRing, hash_key, load_keys, parse_keys
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 
 
 def policy(

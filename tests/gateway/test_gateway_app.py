@@ -1,5 +1,5 @@
 """The gateway as production pairs it, in memory: raw HTTP/1.1 bytes → the gateway's
-server (gateway/server.py) → GatewayApp → the lean upstream pool (gateway/pool.py) →
+server (http11/server.py) → GatewayApp → the lean upstream pool (http11/pool.py) →
 twisted.web serving a fake model, over iosim loopback connections."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from twisted.web.server import Site
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.gateway.access import AccessPolicy
 from mortred_twisted.gateway.apikeys import ApiKey, KeyRing, hash_key
-from mortred_twisted.gateway.pool import LeanUpstreamClient
-from mortred_twisted.gateway.server import GatewayServerFactory
 from mortred_twisted.http.gateway import GatewayApp
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.pool import LeanUpstreamClient
+from mortred_twisted.http11.ratelimit import RateLimiter
+from mortred_twisted.http11.server import HTTPServerFactory
 
 from .fakes import FakeModel
 
@@ -147,7 +147,7 @@ class Harness:
             internal_token="internal",
             request_id=lambda: "generated-id",
         )
-        self.server = GatewayServerFactory(self.app, clock=self.clock, max_body_bytes=1 << 20)
+        self.server = HTTPServerFactory(self.app, clock=self.clock, max_body_bytes=1 << 20)
         self.client = StubTreq(self.app.resource())  # twisted.web serving the same app
 
     def flush(self) -> None:
@@ -448,7 +448,7 @@ def test_fast_resource_and_klein_answer_alike() -> None:
 def raw_call(h: Harness, lean: bool, method: str, path: str,
              headers: dict[str, str] | None = None, data: bytes | None = None
              ) -> tuple[int, dict[bytes, list[bytes]], bytes]:  # fmt: skip
-    """One request in memory through the served lean server (gateway/server.py), or
+    """One request in memory through the served lean server (http11/server.py), or
     through twisted.web serving ``GatewayResource``: (status, headers, body)."""
     factory: Any = h.server if lean else Site(h.app.resource(), reactor=h.clock, timeout=None)
     proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))

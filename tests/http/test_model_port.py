@@ -20,7 +20,7 @@ from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
-from tests.gateway.test_server import responses
+from tests.http11.test_server import responses
 
 IMG = base64.b64encode(b"pixels").decode()
 TOKEN = "port-token"

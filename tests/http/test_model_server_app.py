@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.http.model_server import ModelServerApp
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
 from mortred_twisted.runtime.model_runtime import ModelRuntime

@@ -16,8 +16,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
-from mortred_twisted.gateway.upstream import UpstreamClient
 from mortred_twisted.http.supervisor_api import CONTENT_SECURITY_POLICY, STATIC, SupervisorApi
+from mortred_twisted.http11.upstream import UpstreamClient
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.metrics import supervisor_registry
 from mortred_twisted.supervisor.monitor import ManagedServer, Supervisor, Timing

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from mortred_twisted.http.ratelimit import RateLimiter
+from mortred_twisted.http11.ratelimit import RateLimiter
 from tests.http.test_model_server_app import call, make_app
 
 TOKEN = "internal-token"

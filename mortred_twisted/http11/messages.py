@@ -1,6 +1,6 @@
 """The gateway's messages: requests as ``GatewayApp.dispatch`` sees them, answers as
 single buffers, and the RFC 9112/9110 rules llhttp leaves to the application (pure:
-no reactor, no sockets; :mod:`~mortred_twisted.gateway.server` drives them)."""
+no reactor, no sockets; :mod:`~mortred_twisted.http11.server` drives them)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _REASONS = {
     422: b"Unprocessable Entity",
     431: b"Request Header Fields Too Large",
 }
-_SERVER = b"mortred-gateway"
+_SERVER = b"mortred"
 _JSON = b"application/json; charset=utf-8"
 _date_cache: list[Any] = [0, b""]
 
@@ -56,7 +56,7 @@ class HeaderMap:
             item[1].append(value)
 
 
-class ProxyRequest:
+class ServerRequest:
     """One request as ``GatewayApp.dispatch`` sees it (a subset of ``IRequest``).
 
     ``content`` is a ``BytesIO`` over the body (it shares the bytes, no copy) or None.
@@ -132,7 +132,7 @@ class ProxyRequest:
 class Refusal(Exception):
     """A request the server refuses itself (status, message), then closes.
     ``response``: the whole answer, when the app decided it (else the server's
-    :meth:`~mortred_twisted.gateway.server.GatewayServerFactory.refusal_response`)."""
+    :meth:`~mortred_twisted.http11.server.HTTPServerFactory.refusal_response`)."""
 
     def __init__(self, status: int, message: str, response: bytes | None = None) -> None:
         super().__init__(message)
@@ -147,7 +147,7 @@ class StreamCut(Exception):
 
 
 def encode_response(
-    request: ProxyRequest, body: bytes, close: bool, server: bytes = _SERVER
+    request: ServerRequest, body: bytes, close: bool, server: bytes = _SERVER
 ) -> bytes:
     """Status line, headers and body of ``request``'s answer, as one buffer.
 
@@ -179,7 +179,7 @@ _SERVER_OWNED = frozenset((b"connection", b"date", b"server"))
 _STREAM_OWNED = _SERVER_OWNED | {b"content-length", b"transfer-encoding"}
 
 
-def _head(request: ProxyRequest, skip: frozenset[bytes]) -> list[bytes]:
+def _head(request: ServerRequest, skip: frozenset[bytes]) -> list[bytes]:
     code = request.code
     parts = [b"HTTP/1.1 %d %s\r\n" % (code, _REASONS.get(code, b"Unknown"))]
     for low, (name, values) in request.responseHeaders._items.items():
@@ -190,7 +190,7 @@ def _head(request: ProxyRequest, skip: frozenset[bytes]) -> list[bytes]:
     return parts
 
 
-def encode_stream_head(request: ProxyRequest, chunked: bool, server: bytes = _SERVER) -> bytes:
+def encode_stream_head(request: ServerRequest, chunked: bool, server: bytes = _SERVER) -> bytes:
     """The head of a streamed answer: ``Transfer-Encoding: chunked`` (HTTP/1.1), or
     no framing and ``Connection: close`` (HTTP/1.0: the close ends the body)."""
     parts = _head(request, _STREAM_OWNED)

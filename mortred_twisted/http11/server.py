@@ -8,10 +8,10 @@ application (RFC 9112/9110) and the gateway's connection handling; why not
 twisted.web: ``docs/architecture.md`` (it costs about twice the CPU per proxied
 request, and the gateway's CPU bounds its throughput). The gateway's decisions all
 live in :meth:`~mortred_twisted.http.gateway.GatewayApp.dispatch`; this module hands
-it a :class:`~.messages.ProxyRequest` (the subset of ``IRequest`` it reads and
+it a :class:`~.messages.ServerRequest` (the subset of ``IRequest`` it reads and
 writes; the rules on a parsed head are :func:`~.messages.check_head`).
 
-Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only):
+Contract (one :class:`HTTPConnection` per TCP connection, reactor thread only):
 
 * HTTP/1.1 keep-alive (HTTP/1.0: only with ``Connection: keep-alive``), as llhttp's
   ``should_keep_alive`` says; ``Connection: close`` is honoured and echoed, and
@@ -67,7 +67,7 @@ Contract (one :class:`GatewayConnection` per TCP connection, reactor thread only
 * A client that goes away while its request is forwarded cancels ``dispatch``'s
   Deferred, which cancels the upstream request.
 * Beyond ``max_connections`` open connections a new one is closed at once.
-* :meth:`GatewayServerFactory.drain` (SIGTERM) lets requests in progress finish:
+* :meth:`HTTPServerFactory.drain` (SIGTERM) lets requests in progress finish:
   idle connections close at once, busy ones after their answer; a streamed answer
   in progress is ended at once (final chunk, then close).
 * ``dispatch`` returns the body bytes, or a Deferred firing with them; an unexpected
@@ -98,11 +98,11 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mortred_twisted.gateway.messages import (
+from mortred_twisted.http11.messages import (
     LAST_CHUNK,
     HeaderMap,
-    ProxyRequest,
     Refusal,
+    ServerRequest,
     StreamCut,
     check_head,
     encode_chunk,
@@ -111,7 +111,7 @@ from mortred_twisted.gateway.messages import (
     error_response,
     origin_form,
 )
-from mortred_twisted.gateway.transport import EagerWriter
+from mortred_twisted.http11.transport import EagerWriter
 
 log = Logger()
 
@@ -155,10 +155,10 @@ class _Stop(Exception):
 _REFUSED = object()  # queue marker: answer self._refusal, then close
 
 
-class GatewayConnection(Protocol):
+class HTTPConnection(Protocol):
     """One client connection (see the module docstring)."""
 
-    def __init__(self, factory: GatewayServerFactory) -> None:
+    def __init__(self, factory: HTTPServerFactory) -> None:
         self.factory = factory
         self._parser = httptools.HttpRequestParser(self)
         self._writer: EagerWriter | None = None
@@ -177,14 +177,14 @@ class GatewayConnection(Protocol):
         self._fields = 0  # header (then trailer) fields of the message being parsed
         #: bytes read since the message began or last made progress (see dataReceived)
         self._reads = 0
-        self._request: ProxyRequest | None = None
+        self._request: ServerRequest | None = None
         self._parts: list[bytes] = []
         self._body_size = 0
         self._continue = False  # the message being read awaits 100 Continue
         #: when the message being parsed started its current phase (head or body)
         self._since = 0.0
         self._pending: defer.Deferred[bytes] | None = None
-        self._current: ProxyRequest | None = None  # the request dispatched last
+        self._current: ServerRequest | None = None  # the request dispatched last
         self._advancing = False
         self._backlog = 0
         self._paused = False
@@ -253,7 +253,9 @@ class GatewayConnection(Protocol):
         except Refusal as exc:
             self._stop(exc)
         proto = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
-        request = ProxyRequest(parser.get_method(), uri, proto, headers, parser.should_keep_alive())
+        request = ServerRequest(
+            parser.get_method(), uri, proto, headers, parser.should_keep_alive()
+        )
         request.peer = self._peer_address
         request.channel = self
         cl = headers._items.get(b"content-length")
@@ -395,7 +397,7 @@ class GatewayConnection(Protocol):
                 if self._continue and not self._stopped:
                     self._send_continue()
 
-    def _dispatch(self, request: ProxyRequest, body: bytes) -> None:
+    def _dispatch(self, request: ServerRequest, body: bytes) -> None:
         self._busy = True
         self._current = request
         if body:
@@ -414,7 +416,7 @@ class GatewayConnection(Protocol):
         else:
             self._answer(outcome, request)
 
-    def write_body(self, request: ProxyRequest, data: bytes) -> None:
+    def write_body(self, request: ServerRequest, data: bytes) -> None:
         """The next piece of ``request``'s streamed answer, sent now (the head first)."""
         if self._closed:
             return
@@ -436,7 +438,7 @@ class GatewayConnection(Protocol):
             writer.write(encode_chunk(data) if chunked else data)
         self.last_active = self.factory.clock.seconds()
 
-    def _answer(self, body: bytes, request: ProxyRequest) -> None:
+    def _answer(self, body: bytes, request: ServerRequest) -> None:
         self._pending = None
         self._release(request)
         if self._closed:
@@ -468,7 +470,7 @@ class GatewayConnection(Protocol):
         self.last_active = self.factory.clock.seconds()
         self._next(answered=True)
 
-    def _failed(self, failure: Failure, request: ProxyRequest) -> None:
+    def _failed(self, failure: Failure, request: ServerRequest) -> None:
         self._pending = None
         self._release(request)
         if failure.check(defer.CancelledError) or self._closed:
@@ -481,7 +483,7 @@ class GatewayConnection(Protocol):
         log.failure("unhandled error in {path}", failure, path=request.path)
         self._internal_error(request)
 
-    def _internal_error(self, request: ProxyRequest) -> None:
+    def _internal_error(self, request: ServerRequest) -> None:
         request.code = 500
         request.responseHeaders = HeaderMap()
         request.keep_alive = False
@@ -512,7 +514,7 @@ class GatewayConnection(Protocol):
         if self._abort_call is None:
             self._abort_call = self.factory.clock.callLater(ABORT_TIMEOUT_S, self._abort)
 
-    def _release(self, request: ProxyRequest) -> None:
+    def _release(self, request: ServerRequest) -> None:
         """Give ``request``'s body bytes back to the factory's budget (once: a lost
         connection gave back all it held)."""
         if request.held:
@@ -626,13 +628,13 @@ class GatewayConnection(Protocol):
             pending.cancel()
 
 
-class GatewayServerFactory(Factory):
-    """Builds :class:`GatewayConnection` s for ``app``; owns the connection cap and
+class HTTPServerFactory(Factory):
+    """Builds :class:`HTTPConnection` s for ``app``; owns the connection cap and
     the deadline sweep. ``clock`` is the reactor (``task.Clock`` in tests)."""
 
     noisy = False
-    #: the ``Server`` header of every answer
-    server_header = b"mortred-gateway"
+    #: the ``Server`` header of every answer (``server_header=`` overrides it)
+    server_header = b"mortred"
     #: the deadline sweep's period: this fraction of the shorter deadline, at most
     #: ``sweep_max_period_s`` (a deadline is met within that fraction of it)
     sweep_fraction = 0.5
@@ -651,7 +653,10 @@ class GatewayServerFactory(Factory):
         on_refused: Callable[[int], None] | None = None,
         body_budget_bytes: int = 0,
         max_connections_per_address: int = 0,
+        server_header: bytes | None = None,
     ) -> None:
+        if server_header is not None:
+            self.server_header = server_header
         self.app = app
         self.clock = clock
         self.max_body_bytes = max_body_bytes
@@ -672,7 +677,7 @@ class GatewayServerFactory(Factory):
         self.access_log = access_log
         self.too_large_message = f"request entity too large (limit {max_body_bytes} bytes)"
         self._on_refused = on_refused
-        self.connections: set[GatewayConnection] = set()
+        self.connections: set[HTTPConnection] = set()
         self._sweeper: LoopingCall | None = None
         self.draining = False
         self._empty_waiters: list[defer.Deferred[None]] = []
@@ -681,7 +686,7 @@ class GatewayServerFactory(Factory):
     def open_connections(self) -> int:
         return len(self.connections)
 
-    def buildProtocol(self, addr: Any) -> GatewayConnection | None:
+    def buildProtocol(self, addr: Any) -> HTTPConnection | None:
         if self.draining:
             return None
         if self.max_connections and len(self.connections) >= self.max_connections:
@@ -690,7 +695,7 @@ class GatewayServerFactory(Factory):
         if cap and self._per_address.get(str(getattr(addr, "host", "")), 0) >= cap:
             self.address_refusals += 1
             return None
-        conn = GatewayConnection(self)
+        conn = HTTPConnection(self)
         self.connections.add(conn)
         return conn
 
@@ -709,7 +714,7 @@ class GatewayServerFactory(Factory):
 
     # -- decisions from the head --------------------------------------------------------
 
-    def judge_head(self, request: ProxyRequest, length: int) -> Refusal | None:
+    def judge_head(self, request: ServerRequest, length: int) -> Refusal | None:
         """The refusal of a request that carries a body, from its head alone (see the
         module docstring): the app's own decision, then ``max_body_bytes``."""
         refuse = self._refuse_head
@@ -734,13 +739,13 @@ class GatewayServerFactory(Factory):
     def release_body(self, n: int) -> None:
         self.body_bytes_held -= n
 
-    def over_budget(self, request: ProxyRequest) -> Refusal:
+    def over_budget(self, request: ServerRequest) -> Refusal:
         """The refusal of a body that does not fit in the process's body budget."""
         message = "server busy: too many request bodies in progress; retry later"
         answer = self.refusal_response(503, message, request.requestHeaders, retry_after=1)
         return Refusal(503, message, answer)
 
-    def forget(self, conn: GatewayConnection) -> None:
+    def forget(self, conn: HTTPConnection) -> None:
         self.connections.discard(conn)
         if not self.connections and self._empty_waiters:
             waiters, self._empty_waiters = self._empty_waiters, []
@@ -761,7 +766,7 @@ class GatewayServerFactory(Factory):
         self._empty_waiters.append(d)
         return d
 
-    def too_large(self, request: ProxyRequest, length: int) -> Refusal:
+    def too_large(self, request: ServerRequest, length: int) -> Refusal:
         """The refusal of a body over ``max_body_bytes`` (declared, or read so far)."""
         return Refusal(413, self.too_large_message)
 
@@ -776,7 +781,7 @@ class GatewayServerFactory(Factory):
         if self._on_refused is not None:
             self._on_refused(status)
 
-    def log_access(self, client: str, request: ProxyRequest, length: int) -> None:
+    def log_access(self, client: str, request: ServerRequest, length: int) -> None:
         """One access-log line (``access_log=True`` only: it costs throughput)."""
         log.info(
             '{client} "{method} {uri} {proto}" {code} {length}',

@@ -12,7 +12,7 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseNeverReceived
 from twisted.web.client import Agent
 
-from mortred_twisted.gateway.upstream import UpstreamClient, UpstreamTimeout, quiet_pool
+from mortred_twisted.http11.upstream import UpstreamClient, UpstreamTimeout, quiet_pool
 
 
 class HangsThenWrappedCancel:

@@ -10,8 +10,8 @@ from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRef
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
-from mortred_twisted.gateway.pool import LeanUpstreamClient
-from mortred_twisted.gateway.upstream import (
+from mortred_twisted.http11.pool import LeanUpstreamClient
+from mortred_twisted.http11.upstream import (
     UpstreamTimeout,
     UpstreamTransportError,
     UpstreamUnavailable,
@@ -223,10 +223,10 @@ def test_gateway_copies_raw_headers_from_the_lean_client() -> None:
     from mortred_twisted.config.catalog import Catalog, CatalogEntry
     from mortred_twisted.gateway.access import AccessPolicy
     from mortred_twisted.gateway.apikeys import KeyRing
-    from mortred_twisted.gateway.pool import RawHeaders
-    from mortred_twisted.gateway.upstream import UpstreamResponse
     from mortred_twisted.http.gateway import GatewayApp
-    from mortred_twisted.http.ratelimit import RateLimiter
+    from mortred_twisted.http11.pool import RawHeaders
+    from mortred_twisted.http11.ratelimit import RateLimiter
+    from mortred_twisted.http11.upstream import UpstreamResponse
 
     class Fake:
         def body_for(self, content: Any, length: int) -> bytes:

@@ -1,6 +1,6 @@
 """Streamed upstream responses for the gateway (a job's event stream; reactor thread).
 
-:meth:`~mortred_twisted.gateway.pool.LeanUpstreamClient.stream` sends the request on
+:meth:`~mortred_twisted.http11.pool.LeanUpstreamClient.stream` sends the request on
 a dedicated connection (a :class:`StreamingConnection`), never taken from nor
 returned to the keep-alive pool (so the hot path's code and pool are untouched, and
 a connection can never go back to the pool mid-stream), and fires with an
@@ -25,7 +25,7 @@ from twisted.internet import defer, error
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
-from mortred_twisted.gateway.pool import (
+from mortred_twisted.http11.pool import (
     MAX_HEAD,
     RawHeaders,
     UpstreamConnection,
@@ -33,7 +33,7 @@ from mortred_twisted.gateway.pool import (
     _Call,
     _ReadyConnection,
 )
-from mortred_twisted.gateway.upstream import UpstreamTimeout, UpstreamTransportError
+from mortred_twisted.http11.upstream import UpstreamTimeout, UpstreamTransportError
 
 #: Least silence (s) after which a stream whose upstream sent nothing is cut: the
 #: model server writes a ``: ping`` every 15 s, so this means the upstream is gone.

@@ -13,11 +13,11 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mortred_twisted.gateway.server import (
+from mortred_twisted.http11.server import (
     MAX_HEAD,
     MAX_PIPELINED,
-    GatewayServerFactory,
-    ProxyRequest,
+    HTTPServerFactory,
+    ServerRequest,
 )
 
 
@@ -31,7 +31,7 @@ class StubApp:
         self.raise_next = False
         self.cancelled = 0
 
-    def dispatch(self, request: ProxyRequest) -> Any:
+    def dispatch(self, request: ServerRequest) -> Any:
         body = request.content.read() if request.content is not None else b""
         headers = {k: v for k, (_, v) in request.requestHeaders._items.items()}
         self.requests.append((request.method, request.uri, body, headers))
@@ -54,7 +54,7 @@ class Conn:
         self.app = StubApp()
         self.clock = Clock()
         self.refused: list[int] = []
-        self.factory = GatewayServerFactory(
+        self.factory = HTTPServerFactory(
             self.app,
             clock=self.clock,
             max_body_bytes=kw.pop("max_body_bytes", 32),
@@ -103,7 +103,7 @@ def test_keep_alive_answers_in_one_write_with_server_headers() -> None:
     (s1, h1, b1), (s2, _, b2) = responses(c.out())
     assert (s1, b1, s2, b2) == (200, b"ok /a?q=1", 200, b"ok /b")
     assert h1[b"x-path"] == b"/a" and h1[b"content-type"] == b"text/plain"
-    assert h1[b"server"] == b"mortred-gateway" and h1[b"date"].endswith(b" GMT")
+    assert h1[b"server"] == b"mortred" and h1[b"date"].endswith(b" GMT")
     assert b"connection" not in h1 and not c.transport.disconnecting
 
 

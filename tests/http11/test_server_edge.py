@@ -10,8 +10,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mortred_twisted.gateway.server import MAX_PAUSED_WRITE, GatewayServerFactory, ProxyRequest
-from tests.gateway.test_server import responses
+from mortred_twisted.http11.server import MAX_PAUSED_WRITE, HTTPServerFactory, ServerRequest
+from tests.http11.test_server import responses
 
 POST_HEAD = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n%s\r\n"
 
@@ -26,9 +26,9 @@ class JudgingApp:
         self.pending: list[defer.Deferred[bytes]] = []
         self.defer_next = False
         self.bad_header = False
-        self.requests: list[ProxyRequest] = []
+        self.requests: list[ServerRequest] = []
 
-    def refuse_head(self, request: ProxyRequest, length: int) -> bytes | None:
+    def refuse_head(self, request: ServerRequest, length: int) -> bytes | None:
         self.judged.append((request.path, length))
         if request.path == b"/deny":
             request.setResponseCode(401)
@@ -36,7 +36,7 @@ class JudgingApp:
             return b'{"error":"unauthorized"}'
         return None
 
-    def dispatch(self, request: ProxyRequest) -> Any:
+    def dispatch(self, request: ServerRequest) -> Any:
         self.requests.append(request)
         body = request.content.read() if request.content is not None else b""
         self.dispatched.append(request.path)
@@ -53,7 +53,7 @@ class Server:
     def __init__(self, **kw: Any) -> None:
         self.app = JudgingApp()
         self.clock = Clock()
-        self.factory = GatewayServerFactory(
+        self.factory = HTTPServerFactory(
             self.app, clock=self.clock, max_body_bytes=kw.pop("max_body_bytes", 1000), **kw
         )
 

@@ -25,7 +25,7 @@ retried once on a fresh connection (the server's idle close racing our write).
 
 **Streams** (a job's ``text/event-stream``): :meth:`LeanUpstreamClient.stream` sends
 on a dedicated connection, never taken from nor returned to the pool, and hands the
-body over as it arrives (:mod:`~mortred_twisted.gateway.upstream_stream`).
+body over as it arrives (:mod:`~mortred_twisted.http11.upstream_stream`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.python.failure import Failure
 
-from mortred_twisted.gateway.transport import EagerWriter
-from mortred_twisted.gateway.upstream import (
+from mortred_twisted.http11.transport import EagerWriter
+from mortred_twisted.http11.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamTransportError,
@@ -488,8 +488,8 @@ class LeanUpstreamClient:
         self, method: str, url: str, headers: dict[bytes, list[bytes]]
     ) -> defer.Deferred[Any]:
         """Send on a dedicated connection; fires with the response head as an
-        :class:`~mortred_twisted.gateway.upstream_stream.UpstreamStream`."""
-        from mortred_twisted.gateway.upstream_stream import StreamCall  # uses this module
+        :class:`~mortred_twisted.http11.upstream_stream.UpstreamStream`."""
+        from mortred_twisted.http11.upstream_stream import StreamCall  # uses this module
 
         key, data = self._encode(method, url, headers, None)
         return StreamCall(self, key, data, method).deferred

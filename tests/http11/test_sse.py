@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mortred_twisted.http import sse
+from mortred_twisted.http11 import sse
 
 
 def test_event_record_has_id_event_and_data_then_a_blank_line() -> None:

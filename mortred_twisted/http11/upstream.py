@@ -1,6 +1,6 @@
 """The upstream failure types, and the Agent-based client the supervisor's proxy uses.
 
-The gateway forwards with :class:`~mortred_twisted.gateway.pool.LeanUpstreamClient`
+The gateway forwards with :class:`~mortred_twisted.http11.pool.LeanUpstreamClient`
 (same contract, ~4x less CPU); the supervisor's try-it proxy uses
 :class:`UpstreamClient` (a ``twisted.web.client.Agent``, public API only). Reactor
 thread only. Failures map to the gateway's status codes in one place:
