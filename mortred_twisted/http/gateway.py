@@ -32,13 +32,11 @@ client that goes away aborts the upstream connection (the model's stream ends wi
 it), and an upstream that breaks off mid-stream cuts the client's answer
 (:class:`~mortred_twisted.http11.messages.StreamCut`).
 
-:meth:`GatewayApp.dispatch` matches every path by hand and works on any request object
-with the ``IRequest`` subset it uses. The gateway serves it through its own lean
-HTTP/1.1 server (:mod:`mortred_twisted.http11.server`); :class:`GatewayResource`
-serves the same method under twisted.web, and the Klein app routes everything to it
-(:meth:`GatewayApp.klein_resource`); tests check all three answer alike. A client
-that disconnects cancels the forward's Deferred, which cancels the
-upstream request. Per-request metrics are plain counters
+:meth:`GatewayApp.dispatch` matches every path by hand; the gateway is served by the
+project's one HTTP/1.1 server (:mod:`mortred_twisted.http11.server`), which asks
+:meth:`GatewayApp.refuse_head` about a request with a body before reading it. A
+client that disconnects cancels the forward's Deferred, which cancels the upstream
+request. Per-request metrics are plain counters
 (:class:`~mortred_twisted.gateway.metrics.HotPathStats`).
 """
 
@@ -51,12 +49,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from klein import Klein
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
@@ -74,7 +69,6 @@ from mortred_twisted.gateway.routing import (
 )
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.edge import is_json_content_type
-from mortred_twisted.http.fastpath import respond_when_fired
 from mortred_twisted.http11.messages import StreamCut
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http11.upstream_stream import UpstreamStream
@@ -139,8 +133,6 @@ class GatewayApp:
     """One gateway's routes. Collaborators are injected; nothing here touches the
     global reactor. Use from the reactor thread only."""
 
-    app = Klein()
-
     def __init__(
         self,
         *,
@@ -164,14 +156,6 @@ class GatewayApp:
         self._request_id = request_id or request_ids()
         #: ids served by several processes (replicas, remote upstreams): who gets what
         self.upstreams = Upstreams(catalog, clock.seconds)
-
-    def resource(self) -> Any:
-        """``dispatch`` as a twisted.web root resource (:class:`GatewayResource`)."""
-        return GatewayResource(self)
-
-    def klein_resource(self) -> Any:
-        """The same :meth:`dispatch` behind Klein (kept to check both answer alike)."""
-        return self.app.resource()
 
     # -- rendering ----------------------------------------------------------------
 
@@ -205,7 +189,6 @@ class GatewayApp:
 
     # -- routes ---------------------------------------------------------------------
 
-    @app.route("/", branch=True)
     def dispatch(self, request: Any) -> Any:
         """Every path: health, metrics, the T15 table and the legacy sync routes."""
         judged = getattr(request, "decided", None) or self._judge(request)
@@ -467,38 +450,3 @@ class GatewayApp:
         self.metrics.hot.inflight -= 1
         route.finish()
         return result
-
-
-class GatewayResource(Resource):
-    """Root leaf resource calling :meth:`GatewayApp.dispatch` directly.
-
-    :meth:`GatewayApp.dispatch` already matches every path by hand, so Klein's
-    per-request werkzeug matching and Deferred plumbing buy nothing here; this does
-    what Klein did with the result: bytes are the answer; a Deferred is written when
-    it fires, and cancelled (cancelling the upstream request) when the client goes
-    away first; an unexpected failure is a 500. Reactor thread only.
-    """
-
-    isLeaf = True
-    #: Every path is matched in :meth:`render` (``postpath`` is never read), so
-    #: :class:`~mortred_twisted.http.limits.LimitedRequest` skips traversal.
-    matches_paths_itself = True
-
-    def __init__(self, app: GatewayApp) -> None:
-        super().__init__()
-        self._app = app
-
-    def render(self, request: Any) -> Any:
-        outcome = self._app.dispatch(request)
-        if not isinstance(outcome, defer.Deferred):
-            return outcome
-        outcome.addErrback(_cut, request)
-        respond_when_fired(request, outcome)
-        return NOT_DONE_YET
-
-
-def _cut(failure: Any, request: Any) -> bytes:
-    """A streamed answer that broke off: close without finishing it (twisted.web)."""
-    failure.trap(StreamCut)
-    request.loseConnection()
-    raise defer.CancelledError()

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionLost
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from twisted.web.server import Site
 
 from mortred_twisted.gateway.apikeys import ApiKey, hash_key
 
@@ -297,25 +294,3 @@ def test_a_stream_whose_head_never_comes_is_504() -> None:
     assert h.app.metrics.hot.inflight == 0
 
 
-def test_twisted_web_serving_the_app_streams_events_alike() -> None:
-    """GatewayResource under twisted.web relays the same stream: chunked, records as
-    they come, ended after the model's end."""
-    h = Harness()
-    site = Site(h.app.resource(), reactor=h.clock, timeout=None)
-    proto = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-    transport = StringTransport()
-    proto.makeConnection(transport)
-    auth = f"Authorization: {AUTH['Authorization']}\r\n".encode()
-    proto.dataReceived(b"GET " + JOB.encode() + b"/job_known/events HTTP/1.1\r\nHost: gw\r\n"
-                       + auth + b"\r\n")  # fmt: skip
-    h.flush()
-    head, parts, ended = chunks(transport.value())
-    assert b"chunked" in head.lower() and parts == [b"retry: 2000\n\n"] and not ended
-    h.model.streams[0][0].write(b'event: done\ndata: {"poll_url":"/jobs/job_known"}\n\n')
-    h.model.streams[0][1].callback(b"")
-    h.flush()
-    _, parts, ended = chunks(transport.value())
-    assert (
-        ended
-        and parts[-1] == b'event: done\ndata: {"poll_url":"/v1/models/ASYNC/jobs/job_known"}\n\n'
-    )
