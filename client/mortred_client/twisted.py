@@ -16,18 +16,15 @@ thread only.
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from treq.client import HTTPClient
-from twisted.internet import defer, error, task
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
+from twisted.internet import defer, task
 from twisted.web import client as web_client
-from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
+from mortred_client._twisted_io import BodyChunks, as_os_error, response_headers
 from mortred_client.errors import JobFailed, JobNotFinished, NotSupported, TransportError
 from mortred_client.images import encode_images
 from mortred_client.protocol import (
@@ -48,36 +45,6 @@ from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error
 from mortred_client.sse import SseParser
 from mortred_client.sync import POLL_MS, _states
 from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
-
-#: Twisted's ways of saying "no complete answer" (mapped to ``OSError`` s, which the
-#: retry policy classifies like the sync client's).
-_TRANSPORT_FAILURES: tuple[type[BaseException], ...] = (
-    error.ConnectError,
-    error.ConnectionLost,
-    error.ConnectionDone,
-    error.TimeoutError,
-    defer.CancelledError,
-    web_client.ResponseFailed,
-    web_client.ResponseNeverReceived,
-    web_client.RequestTransmissionFailed,
-    web_client.RequestNotSent,
-)
-
-
-def as_os_error(exc: BaseException) -> OSError | None:
-    """The ``OSError`` a Twisted transport failure stands for, or ``None`` (a bug,
-    not a transport failure: re-raise it)."""
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, error.ConnectionRefusedError):
-        return ConnectionRefusedError(str(exc))
-    if isinstance(exc, error.TimeoutError | defer.CancelledError):
-        return TimeoutError(str(exc) or "timed out")
-    if isinstance(exc, _TRANSPORT_FAILURES):
-        reasons = getattr(exc, "reasons", None)
-        detail = "; ".join(r.getErrorMessage() for r in reasons) if reasons else str(exc)
-        return ConnectionError(f"{type(exc).__name__}: {detail}")
-    return None
 
 
 class TwistedClient:
@@ -148,7 +115,7 @@ class TwistedClient:
             if mapped is None:
                 raise
             raise mapped from exc
-        return Answer(response.code, _headers(response), body)
+        return Answer(response.code, response_headers(response), body)
 
     def call(self, call: Call) -> defer.Deferred[Answer]:
         """Send ``call`` with the retries its safety allows (see the sync client)."""
@@ -387,7 +354,7 @@ class TwistedJob:
             else:
                 if response.code >= 400:
                     body = await response.content()
-                    answer = Answer(response.code, _headers(response), body)
+                    answer = Answer(response.code, response_headers(response), body)
                     retry_after = parse_retry_after(
                         answer.headers.get("retry-after"), client._wall()
                     )
@@ -397,7 +364,7 @@ class TwistedJob:
                         client.api.check(call, answer, client._wall())
                     await client._sleep(delay or 0.0)
                     continue
-                body_reader = _BodyChunks()
+                body_reader = BodyChunks()
                 response.deliverBody(body_reader)
                 parser = SseParser()
                 try:
@@ -423,52 +390,3 @@ class TwistedJob:
             if delay is None:
                 raise TransportError(f"event stream of {self.job_id}: {failure}") from failure
             await client._sleep(delay)
-
-
-class _BodyChunks(Protocol):
-    """A response body as a queue of chunks: :meth:`next` fires with the next chunk,
-    ``None`` at its clean end, or fails with ``ConnectionError``."""
-
-    def __init__(self) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._waiting: defer.Deferred[bytes | None] | None = None
-        self._end: Failure | None = None
-        self._ended = False
-
-    def dataReceived(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._wake()
-
-    def connectionLost(self, reason: Failure) -> None:
-        self._ended = True
-        if not reason.check(web_client.ResponseDone, PotentialDataLoss):
-            self._end = reason
-        self._wake()
-
-    def _wake(self) -> None:
-        waiting, self._waiting = self._waiting, None
-        if waiting is not None:
-            waiting.callback(None)
-
-    async def next(self) -> bytes | None:
-        while not self._chunks and not self._ended:
-            self._waiting = defer.Deferred()
-            await self._waiting
-        if self._chunks:
-            return self._chunks.popleft()
-        if self._end is not None:
-            exc = self._end.value
-            raise ConnectionError(f"{type(exc).__name__}: {exc}")
-        return None
-
-    def abort(self) -> None:
-        """Stop reading: abort the connection unless the body already ended."""
-        if not self._ended and self.transport is not None:
-            self.transport.stopProducing()
-
-
-def _headers(response: Any) -> dict[str, str]:
-    return {
-        name.decode("latin-1").lower(): b", ".join(values).decode("latin-1")
-        for name, values in response.headers.getAllRawHeaders()
-    }

@@ -44,7 +44,6 @@ class ServerConfig:
     max_connections: int = 1024
     max_connections_per_client: int = 0  # per client address; 0 = no cap
     body_budget: float = 256.0  # MB of request bodies held at once; 0 = no budget
-    http_server: str = "llhttp"  # "llhttp" (gateway's server) or "twisted" (twisted.web)
     peer_resp_timeout: int = 600  # s a connection may wait on its client; 0 = none
     request_size_limit: float = 16.0  # MB
     request_read_timeout: int = 60000  # head + body of one request; 0 = none
@@ -349,9 +348,13 @@ def build_server_config(
         problems.append(
             f"server.worker_isolation: must be 'thread' or 'process' (got {isolation!r})"
         )
-    http_server = server.get("http_server", "llhttp")
-    if http_server not in ("llhttp", "twisted"):
-        problems.append(f"server.http_server: must be 'llhttp' or 'twisted' (got {http_server!r})")
+    # Kept as a key so that old configs get a clear word: one server serves every port.
+    http_server = server.pop("http_server", "llhttp")
+    if http_server != "llhttp":
+        problems.append(
+            f"server.http_server: {http_server!r} is no longer offered: every port is served "
+            "by the project's HTTP/1.1 server (remove the key)"
+        )
     problems.extend(job_store_problems(server, root))
     hosts = server.get("webhook_allowed_hosts", [])
     if isinstance(hosts, list):

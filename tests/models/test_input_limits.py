@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from PIL import Image, ImageFile
-from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.http.errors import ENTITY_TOO_LARGE, to_api_error
+from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models import codec
@@ -42,6 +42,7 @@ from mortred_twisted.models.input_limits import (
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
+from tests.support.memory_http import MemoryClient
 
 SAM = DEFAULT_INPUT_LIMITS["SAM_AMG"]
 
@@ -210,23 +211,23 @@ def test_bad_limits_are_config_errors_listed_with_the_others() -> None:
 # -- over HTTP: /infer and /jobs ------------------------------------------------------
 
 
-def serve(**model: Any) -> tuple[ModelRuntime, HandThreads, StubTreq]:
+def serve(**model: Any) -> tuple[ModelRuntime, HandThreads, MemoryClient]:
     """A model server app whose model is built by the registry from ``[model]``."""
     doc = {
         "server": {"id": "T", "server_uri": "/infer", "async_enabled": True},
         "model": {"type": "fake", "fake_delay_ms": 0, "fake_steps": 1, **model},
     }
     config = build_server_config(doc, env={})
-    threads = HandThreads()
+    threads, clock = HandThreads(), Clock()
     runtime = ModelRuntime(
-        config, clock=Clock(), threads=threads, metrics=ServerMetrics(), build_model=create_model
+        config, clock=clock, threads=threads, metrics=ServerMetrics(), build_model=create_model
     )
     runtime.load_models()
     threads.step()
-    return runtime, threads, StubTreq(ModelServerApp(runtime).resource())
+    return runtime, threads, MemoryClient(ModelPortFactory.for_app(ModelServerApp(runtime), clock))
 
 
-def post(stub: StubTreq, url: str, images: Sequence[bytes]) -> tuple[int, dict[str, Any]]:
+def post(stub: MemoryClient, url: str, images: Sequence[bytes]) -> tuple[int, dict[str, Any]]:
     body = {"images": [base64.b64encode(i).decode() for i in images]}
     d = stub.request("POST", "http://x" + url, data=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json"})  # fmt: skip
