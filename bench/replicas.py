@@ -19,8 +19,8 @@ replica, 40 submits each), and wake latency (the job's ``completed_at`` to the
 waiter having its answer; with two replicas the job runs on one replica and the
 waiter waits on the other, whose only worker is kept busy).
 
-The model ports run the default ``http_server = "llhttp"``; the ``submit`` subcommand
-adds a Redis row with ``http_server = "twisted"`` for comparison. The submit rows pin
+The model ports run the project's one HTTP server (twisted.web is no longer offered;
+earlier runs in docs/benchmarks.md compared it). The submit rows pin
 the replica to CPU 0 and this client and ``redis-server`` to
 CPU 1 (as ``bench/async_api.py`` pins its server and client), and print the
 replica's own CPU per submit (``/proc``). With 32 closed-loop submitters the
@@ -119,7 +119,6 @@ async_enabled = true
 async_max_queue = 100000
 async_max_completed = 100000
 job_store = "{store}"
-http_server = "{http}"
 
 [model]
 type = "fake"
@@ -160,7 +159,6 @@ class Fleet:
         model_id: str,
         store: str,
         replicas: int,
-        http_server: str = "llhttp",
     ):
         import os
         import subprocess
@@ -173,7 +171,7 @@ class Fleet:
         self.replicas = replicas
         catalog = tmp / model_id / "conf" / "server"
         catalog.mkdir(parents=True)
-        toml = SERVER_TOML.format(id=model_id, store=store, root=ROOT, http=http_server)
+        toml = SERVER_TOML.format(id=model_id, store=store, root=ROOT)
         (catalog / "bench.toml").write_text(toml)
         control = catalog.parent / "mortred.toml"
         control.write_text(
@@ -463,9 +461,8 @@ def run_fleet(duration: float, per_client: int, wake_jobs: int) -> None:
         )
 
 
-#: (job store, the model port's http_server) of the ``submit`` rows: the default
-#: server on both stores, and Redis on twisted.web for comparison.
-SUBMIT_SETUPS = (("memory", "llhttp"), ("redis", "llhttp"), ("redis", "twisted"))
+#: (job store, label) of the ``submit`` rows: both stores on the one HTTP server.
+SUBMIT_SETUPS = (("memory", "llhttp"), ("redis", "llhttp"))
 
 
 def run_submits(per_client: int, rounds: int) -> None:
@@ -484,7 +481,7 @@ def run_submits(per_client: int, rounds: int) -> None:
             with redis_server() as redis:
                 assert redis.process is not None
                 for store, http in SUBMIT_SETUPS:
-                    fleet = Fleet(tmp, redis.url, f"S{r}_{store}_{http}", store, 1, http)
+                    fleet = Fleet(tmp, redis.url, f"S{r}_{store}", store, 1)
                     try:
                         fleet.wait_ready()
                         stats, cpu = pinned_submits(fleet, redis.process.pid, per_client)
@@ -515,7 +512,7 @@ def main() -> None:
     fleet.add_argument("--wake-jobs", type=int, default=100)
     submit = sub.add_parser(
         "submit",
-        help="only the pinned submit rows (memory, Redis; Redis on twisted.web) and the yardsticks",
+        help="only the pinned submit rows (memory, Redis) and the yardsticks",
     )
     submit.add_argument("--submits-per-client", type=int, default=40)
     submit.add_argument("--rounds", type=int, default=1)

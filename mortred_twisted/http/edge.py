@@ -9,7 +9,7 @@ routes. Thread contract: reactor thread only.
 
 Every JSON answer carries ``X-Request-ID``: the ``req_id`` its body names (sync
 envelopes, ``/result``), else the request's own ``X-Request-ID``, else a fresh
-``req_…`` id; written through :func:`~mortred_twisted.http.framing.header_value`, so a
+``req_…`` id; written through :func:`~mortred_twisted.http.answers.header_value`, so a
 non-ASCII id cannot break the head (it is percent-encoded).
 """
 
@@ -28,6 +28,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
+from mortred_twisted.http.answers import REASONS, EarlyResponse, header_value
 from mortred_twisted.http.auth import (
     CLIENT_IP_HEADER,
     WWW_AUTHENTICATE,
@@ -36,7 +37,6 @@ from mortred_twisted.http.auth import (
 )
 from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
 from mortred_twisted.http.errors import ApiError, to_api_error
-from mortred_twisted.http.framing import REASONS, EarlyResponse, header_value
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 

@@ -1,27 +1,26 @@
-"""The model port on llhttp: the gateway's HTTP/1.1 server serving the model's routes.
+"""The model port: the project's HTTP/1.1 server serving the model's routes.
 
-``[server] http_server = "llhttp"`` (the default; ``"twisted"`` keeps twisted.web,
-:mod:`~mortred_twisted.http.limits`) serves a model port with
-:class:`~mortred_twisted.http11.server.HTTPServerFactory`'s connections: llhttp
-framing and the RFC rules of :func:`~mortred_twisted.http11.messages.check_head`,
-pipelining answered in order, read and idle deadlines by one sweep, a connection
-cap, streamed answers (job events) and cancel-on-disconnect. twisted.web's channel,
-``Request`` and response writing were most of a small request's CPU on a model port
-(a Redis submit ~300 → ~180 µs, measured: docs/benchmarks.md).
+A model port is served by :class:`~mortred_twisted.http11.server.HTTPServerFactory`'s
+connections (llhttp framing and the RFC rules of
+:func:`~mortred_twisted.http11.messages.check_head`, pipelining answered in order,
+decisions from the head, the body budget, write flow control, read and idle
+deadlines by one sweep, a connection cap, streamed answers and cancel-on-disconnect),
+the same server as the gateway's and the supervisor's.
 
-The routes and handlers are the model server's own (:class:`ModelServerApp`):
+The routes and handlers are the model server's own (:class:`ModelServerApp`), declared
+once in its Klein app:
 
 * the hot routes (submit, status, wait, result, sync infer) are matched by hand with
-  :meth:`~mortred_twisted.http.fastpath.FastRoutes.match`, as on twisted.web;
+  :class:`~mortred_twisted.http.hot_routes.HotRoutes` (the same handlers);
 * every other request is matched with the Klein app's own werkzeug map and runs the
   endpoint Klein would run (404 and 405 through the same error handlers; a
   non-UTF-8 path is a 400 as in Klein).
 
-Handlers see a :class:`ModelPortRequest`: the part of ``IRequest`` they use. What
-twisted.web's site added is kept: a declared or growing body over
-``request_size_limit`` is answered by the app's ``early_reject`` (405 → 401 → 415
-→ 413), refusals carry ``X-Request-ID`` (the client's, else a fresh one), every
-finished request is counted by ``on_finished`` (metrics), and :meth:`when_idle`
+Handlers see a :class:`ModelPortRequest`: the part of ``IRequest`` they use. The
+port's policies: a request with a body is judged from its head by the app
+(:meth:`~mortred_twisted.http.edge.EdgeBase.refuse_from_head`: 404 → 405 → 401 → 415 →
+413), refusals carry ``X-Request-ID`` (the client's, else a fresh one), every finished
+request is counted by ``on_finished`` (metrics), and :meth:`ModelPortApp.when_idle`
 tells a stopping server when no request is in flight.
 
 Thread contract: reactor thread only.
@@ -40,8 +39,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from mortred_twisted.http.framing import EarlyResponse, refusal_bytes
-from mortred_twisted.http.limits import EarlyReject
+from mortred_twisted.http.answers import EarlyResponse, refusal_bytes
 from mortred_twisted.http11.messages import HeaderMap, Refusal, ServerRequest
 from mortred_twisted.http11.server import HTTPServerFactory
 
@@ -99,7 +97,8 @@ class ModelPortApp:
 
     def __init__(self, app: Any, on_finished: Callable[[Any], None] | None = None) -> None:
         self._app = app
-        self._hot = app.resource()  # FastRoutes: the hand-matched hot routes
+        self.model_app = app
+        self._hot = app.hot_routes()
         self._klein = app.app  # the Klein app: its werkzeug map and endpoints
         self._on_finished = on_finished
         self._active = 0
@@ -177,11 +176,10 @@ class ModelPortApp:
 
 
 class ModelPortFactory(HTTPServerFactory):
-    """The gateway server's factory with a model port's policies: the app's
-    ``early_reject`` answer to a body over the limit, refusals shaped as the model
+    """The HTTP server's factory with a model port's policies: the model app's answer
+    to a head it refuses and to a body over the limit, refusals shaped as the model
     port's (JSON, ``X-Request-ID``), ``Server: mortred-model``, and deadlines swept
-    as ``LimitedSite`` sweeps them (every quarter of the shorter one, at most every
-    second)."""
+    every quarter of the shorter one, at most every second."""
 
     server_header = SERVER_HEADER
     sweep_fraction = 0.25
@@ -193,9 +191,7 @@ class ModelPortFactory(HTTPServerFactory):
         *,
         clock: Any,
         body_limit: int,
-        early_reject: EarlyReject,
         request_id: Callable[[], str],
-        refuse_from_head: Callable[..., EarlyResponse | None] | None = None,
         max_connections: int = 0,
         read_timeout_s: float = 60.0,
         idle_timeout_s: float = 0.0,
@@ -215,12 +211,38 @@ class ModelPortFactory(HTTPServerFactory):
             access_log=access_log,
         )
         self.port_app = app
-        self._early_reject = early_reject
+        self._edge = app.model_app
         self._request_id = request_id
-        self._refuse_from_head = refuse_from_head or (
-            lambda method, uri, headers, length: (
-                early_reject(method, uri, headers, length) if length > body_limit else None
-            )
+
+    @classmethod
+    def for_app(
+        cls,
+        app: Any,
+        clock: Any,
+        *,
+        on_finished: Callable[[Any], None] | None = None,
+        request_id: Callable[[], str] | None = None,
+        access_log: bool = False,
+    ) -> ModelPortFactory:
+        """The port of ``app`` (a :class:`~mortred_twisted.http.model_server.
+        ModelServerApp`) with its server config's limits and deadlines. ``peer_resp_
+        timeout`` (s; 0 = none) bounds a connection waiting on its client, idle or
+        silent mid-request, as Workflow's ``peer_response_timeout``; never while a
+        request is being handled (a long wait or run)."""
+        cfg = app.config
+        from mortred_twisted.http.envelope import new_request_id
+
+        return cls(
+            ModelPortApp(app, on_finished=on_finished),
+            clock=clock,
+            body_limit=cfg.request_size_limit_bytes,
+            request_id=request_id or new_request_id,
+            max_connections=cfg.max_connections,
+            max_connections_per_address=cfg.max_connections_per_client,
+            body_budget_bytes=cfg.body_budget_bytes,
+            read_timeout_s=cfg.request_read_timeout / 1000.0,
+            idle_timeout_s=float(cfg.peer_resp_timeout),
+            access_log=access_log,
         )
 
     def when_idle(self) -> Deferred[None]:
@@ -230,17 +252,19 @@ class ModelPortFactory(HTTPServerFactory):
         """From the head of a request with a body: the model server's own decision
         (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.edge.EdgeBase.
         refuse_from_head`), shaped as the route would answer it."""
-        answer = self._refuse_from_head(request.method, request.uri, request.requestHeaders, length)
-        if answer is None:
-            return None
-        given = request.getHeader(b"x-request-id")
-        response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
-        return Refusal(answer.status, "", response)
-
-    def too_large(self, request: ServerRequest, length: int) -> Refusal:
-        answer: EarlyResponse = self._early_reject(
+        answer = self._edge.refuse_from_head(
             request.method, request.uri, request.requestHeaders, length
         )
+        return None if answer is None else self._refusal(request, answer)
+
+    def too_large(self, request: ServerRequest, length: int) -> Refusal:
+        """A chunked body that grew over the limit: 413 in the route's shape."""
+        headers = request.requestHeaders
+        answer = self._edge.early_reject(request.method, request.uri, headers, length)
+        return self._refusal(request, answer)
+
+    @staticmethod
+    def _refusal(request: ServerRequest, answer: EarlyResponse) -> Refusal:
         given = request.getHeader(b"x-request-id")
         response = refusal_bytes(answer.status, answer.body, answer.headers, given, None)
         return Refusal(answer.status, "", response)

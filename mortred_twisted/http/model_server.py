@@ -5,14 +5,14 @@ Routes (see docs/api.md): ``GET /healthz``, ``GET /ready``, ``GET /metrics``,
 ``POST /jobs``, ``GET /jobs/{id}``, ``GET /jobs/{id}/wait?timeout=ms``,
 ``GET /jobs/{id}/result`` (async, 404 unless ``async_enabled``).
 
-POST pre-check order: 405 → 401 → 415 → 413 (before the body is read; see
-:mod:`mortred_twisted.http.limits`) → 400 → 422 → 429. The 202 of ``POST /jobs``
-is returned at admission; the job series is started by the runner, independently
-of this request. ``/jobs/{id}/wait`` hangs on a named counter raced against a
-reactor timer: no thread blocks, nothing polls. Every job operation goes through
-the runtime's :class:`~mortred_twisted.jobs.store.JobStore`: plain answers from the
-memory store, Deferreds from the shared (Redis) one, which answers 503 "job store
-unavailable" while Redis cannot be reached.
+POST pre-check order: 404 → 405 → 401 → 415 → 413 (from the head, before the body is
+read: :meth:`~mortred_twisted.http.edge.EdgeBase.refuse_from_head`) → 400 → 422 →
+429. The 202 of ``POST /jobs`` is returned at admission; the job series is started
+by the runner, independently of this request. ``/jobs/{id}/wait`` hangs on a named
+counter raced against a reactor timer: no thread blocks, nothing polls. Every job
+operation goes through the runtime's :class:`~mortred_twisted.jobs.store.JobStore`:
+plain answers from the memory store, Deferreds from the shared (Redis) one, which
+answers 503 "job store unavailable" while Redis cannot be reached.
 
 Thread contract: reactor thread only.
 """
@@ -32,7 +32,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.edge import EdgeBase, json_bytes
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
-from mortred_twisted.http.fastpath import FastRoutes
+from mortred_twisted.http.hot_routes import HOT_LABELS, HotRoutes
 from mortred_twisted.http.job_control import JobControlRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http11.ratelimit import RateLimiter
@@ -78,12 +78,14 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         self.app = Klein()
         route = self.app.route
         self._routes: dict[str, tuple[str, ...]] = {}
+        #: route label -> the instrumented handler Klein registered for it
+        self.handlers: dict[str, Callable] = {}
 
         def add(path: str, methods: tuple[str, ...], label: str, handler: Callable) -> None:
             self._routes[path] = self._routes.get(path, ()) + methods
-            route(path, methods=list(methods), strict_slashes=False)(
-                self._instrumented(label, handler)
-            )
+            endpoint = self._instrumented(label, handler)
+            self.handlers[label] = endpoint
+            route(path, methods=list(methods), strict_slashes=False)(endpoint)
 
         add("/healthz", ("GET",), "healthz", self.healthz)
         add("/ready", ("GET",), "ready", self.ready)
@@ -100,21 +102,12 @@ class ModelServerApp(JobControlRoutes, EdgeBase):
         self.app.handle_errors(MethodNotAllowed)(self._method_not_allowed)
         self.app.handle_errors(NotFound)(self._not_found)
 
-    def resource(self) -> Any:
-        """The root resource: hot routes dispatched by hand, the rest by Klein."""
-        return FastRoutes(
-            self.app.resource(),
-            infer_path=self.config.server_uri.encode("utf-8"),
-            infer=self._instrumented("infer", self.infer),
-            submit=self._instrumented("jobs_submit", self.submit_job),
-            status=self._instrumented("jobs_status", self.job_status),
-            wait=self._instrumented("jobs_wait", self.job_wait),
-            result=self._instrumented("jobs_result", self.job_result),
+    def hot_routes(self) -> HotRoutes:
+        """The hand matcher of the hot routes, over the handlers registered above."""
+        return HotRoutes(
+            self.config.server_uri.encode("utf-8"),
+            {label: self.handlers[label] for label in HOT_LABELS},
         )
-
-    def klein_resource(self) -> Any:
-        """Klein alone (every route through werkzeug), for comparison and tests."""
-        return self.app.resource()
 
     @property
     def routes(self) -> dict[str, tuple[str, ...]]:

@@ -32,9 +32,7 @@ from twisted.python import usage
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.auth import is_loopback_host
-from mortred_twisted.http.envelope import new_request_id
-from mortred_twisted.http.limits import LimitedSite
-from mortred_twisted.http.model_port import ModelPortApp, ModelPortFactory
+from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.metrics.edge import EdgeLimitsCollector
@@ -93,7 +91,7 @@ class ModelServerService(Service):
         self._grace_s = grace_s
         self._access_log = access_log
         self._port: Any = None
-        self._site: LimitedSite | ModelPortFactory | None = None
+        self._site: ModelPortFactory | None = None
         self.listening: Deferred[Any] = Deferred()
 
     def startService(self) -> None:
@@ -101,8 +99,7 @@ class ModelServerService(Service):
         cfg = self.runtime.config
         site = self._build_site(cfg)
         self._site = site
-        if isinstance(site, ModelPortFactory):
-            self.runtime.metrics.registry.register(EdgeLimitsCollector("mortred_http", site))
+        self.runtime.metrics.registry.register(EdgeLimitsCollector("mortred_http", site))
         host = cfg.host.replace(":", "\\:")
         endpoint = serverFromString(self._reactor, f"tcp:{cfg.port}:interface={host}:backlog=128")
         d = endpoint.listen(site)
@@ -147,41 +144,13 @@ class ModelServerService(Service):
         gc.freeze()
         return result
 
-    def _build_site(self, cfg: ServerConfig) -> LimitedSite | ModelPortFactory:
-        """The port's server: llhttp (:mod:`~mortred_twisted.http.model_port`) or
-        twisted.web (:class:`LimitedSite`), per ``http_server``; same routes,
-        limits and deadlines."""
-        # peer_resp_timeout (s; 0 = none), as Workflow's peer_response_timeout
-        # bounds each read/write towards the client: a connection waiting on its
-        # client (idle between requests, or silent mid-request) that long is
-        # closed; never while a request is being handled (a long wait or run).
-        # The server's sweep applies it (no timer per request).
-        if cfg.http_server == "llhttp":
-            return ModelPortFactory(
-                ModelPortApp(self.app, on_finished=self.app.record_request),
-                clock=self._reactor,
-                body_limit=cfg.request_size_limit_bytes,
-                early_reject=self.app.early_reject,
-                refuse_from_head=self.app.refuse_from_head,
-                request_id=new_request_id,
-                max_connections=cfg.max_connections,
-                max_connections_per_address=cfg.max_connections_per_client,
-                body_budget_bytes=cfg.body_budget_bytes,
-                read_timeout_s=cfg.request_read_timeout / 1000.0,
-                idle_timeout_s=float(cfg.peer_resp_timeout),
-                access_log=self._access_log,
-            )
-        return LimitedSite(
-            self.app.resource(),
-            cfg.request_size_limit_bytes,
-            self.app.early_reject,
+    def _build_site(self, cfg: ServerConfig) -> ModelPortFactory:
+        """The port's server (:mod:`~mortred_twisted.http.model_port`): the project's
+        HTTP/1.1 server with the config's limits and deadlines."""
+        return ModelPortFactory.for_app(
+            self.app, self._reactor, on_finished=self.app.record_request,
             access_log=self._access_log,
-            on_finished=self.app.record_request,
-            max_connections=cfg.max_connections,
-            read_timeout_s=cfg.request_read_timeout / 1000.0,
-            idle_timeout_s=float(cfg.peer_resp_timeout),
-            reactor=self._reactor,
-        )
+        )  # fmt: skip
 
     def stopService(self) -> Deferred[None]:
         super().stopService()

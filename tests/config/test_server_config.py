@@ -94,13 +94,11 @@ def test_server_uri_may_not_shadow_jobs() -> None:
         build_server_config(doc, env={})
 
 
-def test_http_server_is_llhttp_unless_set_to_twisted() -> None:
-    """``http_server`` picks the model port's HTTP server; anything else is refused
-    with the choices."""
-    doc = {"server": {"id": "X"}, "model": {"type": "fake"}}
-    assert build_server_config(doc, env={}).http_server == "llhttp"
+def test_http_server_twisted_is_refused_with_a_clear_word() -> None:
+    """twisted.web is no longer offered: ``http_server = "twisted"`` (file or env) is a
+    config error saying so; "llhttp" (the one server) is accepted and ignored."""
+    doc = {"server": {"id": "X", "http_server": "llhttp"}, "model": {"type": "fake"}}
+    build_server_config(doc, env={})
     env = {"MORTRED_HTTP_SERVER": "twisted"}
-    assert build_server_config(doc, env=env).http_server == "twisted"
-    bad = {"server": {"id": "X", "http_server": "h11"}, "model": {"type": "fake"}}
-    with pytest.raises(ConfigErrors, match="must be 'llhttp' or 'twisted'"):
-        build_server_config(bad, env={})
+    with pytest.raises(ConfigErrors, match="no longer offered"):
+        build_server_config({"server": {"id": "X"}, "model": {"type": "fake"}}, env=env)

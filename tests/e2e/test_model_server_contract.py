@@ -49,14 +49,11 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture(scope="module", params=["memory", "redis", "memory, twisted.web"])
+@pytest.fixture(scope="module", params=["memory", "redis"])
 def store(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The job store a server runs on (and the port's HTTP server: llhttp unless
-    named), as environment overrides."""
+    """The job store a server runs on, as environment overrides."""
     if request.param == "memory":
         return {}
-    if request.param == "memory, twisted.web":
-        return {"MORTRED_HTTP_SERVER": "twisted"}
     url = request.getfixturevalue("redis").url
     return {"MORTRED_JOB_STORE": "redis", "MORTRED_REDIS_URL": url}
 
@@ -91,11 +88,10 @@ def wait(server: RunningServer, job_id: str, timeout_ms: int = 60_000) -> dict:
     return doc
 
 
-def test_the_port_is_served_by_the_configured_http_server(server, store) -> None:
-    """llhttp (the default) or twisted.web (``http_server = "twisted"``) answers."""
+def test_the_port_is_served_by_the_projects_http_server(server) -> None:
+    """The model port answers through the one HTTP server (``Server: mortred-model``)."""
     _status, headers, _body = server.request("GET", "/healthz")
-    expected = "TwistedWeb" if store.get("MORTRED_HTTP_SERVER") == "twisted" else "mortred-model"
-    assert headers["server"].startswith(expected), headers
+    assert headers["server"] == "mortred-model", headers
 
 
 def test_submit_returns_202_at_admission_while_the_job_is_still_running(server) -> None:

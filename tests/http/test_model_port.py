@@ -13,8 +13,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mortred_twisted.config.server import build_server_config
-from mortred_twisted.http.envelope import new_request_id
-from mortred_twisted.http.model_port import ModelPortApp, ModelPortFactory
+from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
@@ -47,16 +46,10 @@ class Port:
         self.threads.step()
         self.app = ModelServerApp(runtime)
         self.finished: list[Any] = []
-        self.port_app = ModelPortApp(self.app, on_finished=self.finished.append)
-        self.factory = ModelPortFactory(
-            self.port_app,
-            clock=self.clock,
-            body_limit=config.request_size_limit_bytes,
-            early_reject=self.app.early_reject,
-            request_id=new_request_id,
-            read_timeout_s=config.request_read_timeout / 1000.0,
-            idle_timeout_s=float(config.peer_resp_timeout),
+        self.factory = ModelPortFactory.for_app(
+            self.app, self.clock, on_finished=self.finished.append
         )
+        self.port_app = self.factory.port_app
         self.factory.doStart()
 
     def connect(self) -> tuple[Any, StringTransport]:

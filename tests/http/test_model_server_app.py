@@ -7,24 +7,24 @@ import json
 from typing import Any
 
 import pytest
-from treq.testing import StubTreq
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
+from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
+from tests.support.memory_http import MemoryClient
 
 IMG = base64.b64encode(b"pixels").decode()
 
 
 def make_app(
     rate_limiter: RateLimiter | None = None, **server: Any
-) -> tuple[ModelServerApp, Clock, HandThreads, StubTreq]:
+) -> tuple[ModelServerApp, Clock, HandThreads, MemoryClient]:
     doc = {
         "server": {"id": "T", "server_uri": "/infer", "worker_nums": 1, "async_enabled": True,
                    **server},
@@ -39,11 +39,11 @@ def make_app(
     runtime.load_models()
     threads.step()
     app = ModelServerApp(runtime, rate_limiter=rate_limiter)
-    return app, clock, threads, StubTreq(app.resource())
+    return app, clock, threads, MemoryClient(ModelPortFactory.for_app(app, clock))
 
 
 def call(
-    stub: StubTreq,
+    stub: MemoryClient,
     method: str,
     url: str,
     body: Any = None,
@@ -195,114 +195,11 @@ def test_not_ready_server_answers_503() -> None:
     runtime = ModelRuntime(config, clock=clock, threads=threads, build_model=broken)
     runtime.load_models()
     threads.step()
-    stub = StubTreq(ModelServerApp(runtime).resource())
+    stub = MemoryClient(ModelPortFactory.for_app(ModelServerApp(runtime), clock))
     code, _h, ready = call(stub, "GET", "/ready")
     assert code == 503 and ready["code"] == 65 and "weights missing" in ready["error"]
     code, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
     assert code == 503 and doc["code"] == 65
-
-
-def test_fast_routes_and_klein_answer_identically() -> None:
-    """The hand-dispatched hot routes give the same status, headers and body as Klein's
-    routing."""
-    app, clock, threads, fast = make_app()
-    klein = StubTreq(app.klein_resource())
-    _c, _h, doc = call(fast, "POST", "/jobs", {"images": [IMG], "req_id": "same"})
-    job = doc["job_id"]
-    clock.advance(0)
-    threads.step()
-    for method, url, body in [
-        ("GET", f"/jobs/{job}", None),
-        ("GET", f"/jobs/{job}/wait?timeout=5", None),
-        ("GET", f"/jobs/{job}/result", None),
-        ("GET", "/jobs/job_nope", None),
-        ("GET", "/jobs/job_nope/result", None),
-        ("GET", f"/jobs/{job}/wait?timeout=-3", None),
-        ("POST", "/infer", {"images": []}),
-        ("POST", "/jobs", {"nope": 1}),
-    ]:
-        rid = {"X-Request-ID": "eq-1"}
-        fast_answer = call(fast, method, url, body, rid)
-        klein_answer = call(klein, method, url, body, rid)
-        assert fast_answer[0] == klein_answer[0], url
-        assert fast_answer[2] == klein_answer[2], url
-        fast_headers = dict(fast_answer[1].getAllRawHeaders())
-        klein_headers = dict(klein_answer[1].getAllRawHeaders())
-        fast_headers.pop(b"Date"), klein_headers.pop(b"Date")
-        assert fast_headers == klein_headers, url
-
-
-def _answer(stub: StubTreq, method: str, url: str, body: Any = None) -> Deferred:
-    """Start one request; its Deferred fires with ``(status, raw headers, body bytes)``."""
-    kwargs: dict[str, Any] = {"headers": {"X-Request-ID": "eq-2"}}
-    if body is not None:
-        kwargs["data"] = json.dumps(body).encode()
-        kwargs["headers"]["Content-Type"] = "application/json"
-
-    async def answer() -> tuple[int, dict[bytes, list[bytes]], bytes]:
-        resp = await stub.request(method, "http://x" + url, **kwargs)
-        raw = await resp.content()
-        headers = dict(resp.headers.getAllRawHeaders())
-        # Allowed to differ: the time of day, and the model's measured run time.
-        headers.pop(b"Date")
-        if b"Server-Timing" in headers:
-            [timing] = headers.pop(b"Server-Timing")
-            headers[b"Server-Timing"] = [timing.split(b"=")[0]]
-        return resp.code, headers, raw
-
-    return Deferred.fromCoroutine(answer())
-
-
-def _settle(
-    stubs: tuple[StubTreq, ...], clock: Clock, threads: HandThreads, *pending: Deferred
-) -> list:
-    """Turn the reactor and the hand-stepped pool until every request has answered."""
-    answers: list = [None] * len(pending)
-    for i, d in enumerate(pending):
-        d.addCallback(lambda answer, i=i: answers.__setitem__(i, answer))
-    for _ in range(50):
-        for stub in stubs:
-            stub.flush()
-        clock.advance(0)
-        if all(a is not None for a in answers):
-            return answers
-        if threads.pending:
-            threads.step()
-    raise AssertionError(f"requests did not answer: {answers}")
-
-
-def test_fast_routes_and_klein_agree_on_202_infer_and_a_parked_wait() -> None:
-    """Submitting, a sync infer and a wait that parks until the job ends answer alike
-    through both dispatchers: status, body and every header (Date and the measured
-    Server-Timing duration aside)."""
-    app, clock, threads, fast = make_app()
-    klein = StubTreq(app.klein_resource())
-    both = (fast, klein)
-    env = {"images": [IMG], "req_id": "same"}
-    submits = _settle(both, clock, threads,
-                      _answer(fast, "POST", "/jobs", env),
-                      _answer(klein, "POST", "/jobs", env))  # fmt: skip
-    ids = [json.loads(raw)["job_id"] for _c, _h, raw in submits]
-    assert [code for code, _h, _b in submits] == [202, 202]
-
-    def normal(answer: tuple[int, dict[bytes, list[bytes]], bytes], job: str) -> tuple:
-        code, headers, raw = answer
-        fix = {k: [v.replace(job.encode(), b"JOB") for v in vs] for k, vs in headers.items()}
-        return code, fix, raw.replace(job.encode(), b"JOB")
-
-    assert normal(submits[0], ids[0]) == normal(submits[1], ids[1])
-    # Both waits park (the job is still pending), then answer when it ends.
-    waits = [_answer(stub, "GET", f"/jobs/{ids[0]}/wait?timeout=60000")
-             for stub in both]  # fmt: skip
-    fast.flush(), klein.flush()
-    assert not any(d.called for d in waits), "the wait answered before the job ended"
-    parked = _settle(both, clock, threads, *waits)
-    assert json.loads(parked[0][2])["state"] == "done"
-    assert parked[0] == parked[1]
-    infers = _settle(both, clock, threads,
-                     _answer(fast, "POST", "/infer", env),
-                     _answer(klein, "POST", "/infer", env))  # fmt: skip
-    assert infers[0][0] == 200 and infers[0] == infers[1]
 
 
 def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:

@@ -12,8 +12,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mortred_twisted.http.framing import header_value
-from mortred_twisted.http.limits import LimitedSite
+from mortred_twisted.http.answers import header_value
+from mortred_twisted.http.model_port import ModelPortFactory
 from tests.http.test_model_server_app import make_app
 from tests.security.wire import Answer, parse_answers
 
@@ -23,12 +23,13 @@ ENVELOPE = json.dumps({"images": [IMG]}).encode()
 
 
 class Port:
-    """A model port in memory: the app behind a LimitedSite, requests over fresh
-    StringTransport connections, model threads stepped by hand."""
+    """A model port in memory: the app behind its HTTP server (a 1000-byte body
+    limit), requests over fresh StringTransport connections, model threads stepped
+    by hand."""
 
     def __init__(self) -> None:
-        self.app, self.clock, self.threads, _ = make_app(auth_token=TOKEN)
-        self.site = LimitedSite(self.app.resource(), 1000, self.app.early_reject, reactor=Clock())
+        self.app, self.clock, self.threads, _ = make_app(auth_token=TOKEN, request_size_limit=0.001)
+        self.site = ModelPortFactory.for_app(self.app, Clock())
 
     def send(self, raw: bytes, run: bool = False) -> Answer:
         proto = self.site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))

@@ -1,7 +1,6 @@
-"""Real processes for the framing suite: a model server (the fake async model, behind
-an internal token; its port on llhttp, the default), the same on twisted.web
-(``http_server = "twisted"``), and a gateway in front of the first, each on a free
-loopback port.
+"""Real processes for the framing and abuse suites: a model server (the fake async
+model, behind an internal token) and a gateway in front of it, each on a free
+loopback port, both served by the project's one HTTP server.
 
 The model is started with :func:`tests.support.servers.model_server`; the gateway with
 ``twistd -n mortred-gateway`` on a temporary ``conf/mortred.toml`` whose catalog is the
@@ -123,18 +122,13 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ta
         "MORTRED_RATE_LIMIT_QPS": str(MODEL_QPS),
     }
     conf = f"conf/server/fake/{MODEL.lower()}.toml"
-    twisted_env = {**env, "MORTRED_HTTP_SERVER": "twisted", "MORTRED_ID": MODEL + "_TW"}
     model_auth = b"Authorization: Bearer " + INTERNAL_TOKEN.encode() + b"\r\n"
-    with model_server(conf, env=env) as srv, model_server(conf, env=twisted_env) as tw:
+    with model_server(conf, env=env) as srv:
         gateway = GatewayProcess(tmp_path_factory.mktemp("security"), srv.port)
         try:
             gateway.wait_listening()
             yield {
                 "model": Target("model", srv.port, b"/jobs", model_auth, srv.process),
-                # The same model port on twisted.web (http_server = "twisted").
-                "model-twisted": Target(
-                    "model-twisted", tw.port, b"/jobs", model_auth, tw.process
-                ),
                 "gateway": Target(
                     "gateway", gateway.port, f"/v1/models/{MODEL}/jobs".encode(),
                     b"Authorization: Bearer " + GATEWAY_TOKEN.encode() + b"\r\n",

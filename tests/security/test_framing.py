@@ -1,7 +1,6 @@
-"""The framing table (cases.py) against a real gateway and real model servers (the
-model port on llhttp and on twisted.web): each row is refused with its status, the
-connection closes, and the pipelined canary is never answered; every process keeps
-serving."""
+"""The framing table (cases.py) against a real gateway and a real model server: each
+row is refused with its status, the connection closes, and the pipelined canary is
+never answered; every process keeps serving."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from tests.security.wire import exchange, healthz, parse_answers, read_until_clo
 
 pytestmark = pytest.mark.slow
 
-TARGETS = ("model", "model-twisted", "gateway")
+TARGETS = ("model", "gateway")
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -10,10 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
-from twisted.web.resource import Resource
 
 from mortred_twisted.config.server import ServerConfig
-from mortred_twisted.http.limits import LimitedSite
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.tap.model_server import ModelServerService
 
@@ -21,10 +19,8 @@ from mortred_twisted.tap.model_server import ModelServerService
 class Runtime:
     """Just what the service reads before and while loading."""
 
-    def __init__(self, http_server: str = "llhttp") -> None:
-        self.config = ServerConfig(
-            id="T", host="127.0.0.1", port=0, model_type="fake", http_server=http_server
-        )
+    def __init__(self) -> None:
+        self.config = ServerConfig(id="T", host="127.0.0.1", port=0, model_type="fake")
         self.loading: Deferred[None] = Deferred()
         self.metrics = SimpleNamespace(registry=CollectorRegistry())
 
@@ -38,27 +34,21 @@ class Runtime:
         pass
 
 
-@pytest.mark.parametrize(
-    ("http_server", "server_type"), [("llhttp", ModelPortFactory), ("twisted", LimitedSite)]
-)
-def test_freezes_after_the_models_load(
-    monkeypatch: pytest.MonkeyPatch, http_server: str, server_type: type
-) -> None:
+def test_freezes_after_the_models_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """The port opens before the models load (torch is imported then), so a second
     gc.freeze() after loading keeps the model's objects out of full collections.
-    The port is served by the server ``http_server`` names."""
+    The port is served by the project's HTTP server (ModelPortFactory)."""
     freezes: list[int] = []
     monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
     app: Any = SimpleNamespace(
-        resource=Resource, early_reject=None, refuse_from_head=None,
-        record_request=lambda request: None,
+        config=Runtime().config, hot_routes=lambda: None, record_request=lambda request: None,
         app=SimpleNamespace(),
     )  # fmt: skip
-    runtime = Runtime(http_server)
+    runtime = Runtime()
     reactor = MemoryReactorClock()
     service = ModelServerService(runtime, app, reactor=reactor, grace_s=1.0)  # type: ignore[arg-type]
     service.startService()
-    assert isinstance(reactor.tcpServers[0][1], server_type)
+    assert isinstance(reactor.tcpServers[0][1], ModelPortFactory)
     assert service.listening.called and len(freezes) == 1  # start-up objects
     runtime.loading.callback(None)
     assert len(freezes) == 2  # and everything the models brought in
