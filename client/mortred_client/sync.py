@@ -7,6 +7,7 @@ Thread-safe: a client holds no connection between calls (see :mod:`._http`), and
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,6 +31,8 @@ from mortred_client.protocol import (
 from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
 from mortred_client.sse import SseParser
 from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
+
+log = logging.getLogger("mortred_client")
 
 #: Budget of one long-poll while waiting (ms): short enough to notice a lost
 #: connection, long enough that an idle wait costs two requests a minute.
@@ -94,6 +97,7 @@ class Client:
                 if delay is None:
                     url = self.transport.url(call.path)
                     raise TransportError(f"{call.method} {url}: {exc}") from exc
+                log.info("%s %s: %s; retrying in %.2f s", call.method, call.path, exc, delay)
                 self._sleep(delay)
                 continue
             if answer.status < 400:
@@ -103,6 +107,10 @@ class Client:
             delay = attempts.next_delay(self._clock(), retryable, retry_after)
             if delay is None:
                 return self.api.check(call, answer, self._wall())  # raises
+            log.info(
+                "%s %s: HTTP %d (Retry-After %s); retrying in %.2f s", call.method, call.path,
+                answer.status, answer.headers.get("retry-after", "-"), delay,
+            )  # fmt: skip
             self._sleep(delay)
 
     # -- jobs -------------------------------------------------------------------------
@@ -332,6 +340,10 @@ class Job:
             delay = attempts.next_delay(client._clock(), True)
             if delay is None:
                 raise TransportError(f"event stream of {self.job_id}: {failure}") from failure
+            log.info(
+                "event stream of %s: %s; reopening in %.2f s (Last-Event-ID %s)", self.job_id,
+                failure, delay, follow.last_event_id,
+            )  # fmt: skip
             client._sleep(delay)
 
 

@@ -15,6 +15,7 @@ thread only.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
@@ -45,6 +46,8 @@ from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error
 from mortred_client.sse import SseParser
 from mortred_client.sync import POLL_MS, _states
 from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
+
+log = logging.getLogger("mortred_client")
 
 
 class TwistedClient:
@@ -132,6 +135,7 @@ class TwistedClient:
                 if delay is None:
                     url = resolve_url(self.base_url, call.path)
                     raise TransportError(f"{call.method} {url}: {exc}") from exc
+                log.info("%s %s: %s; retrying in %.2f s", call.method, call.path, exc, delay)
                 await self._sleep(delay)
                 continue
             if answer.status < 400:
@@ -141,6 +145,10 @@ class TwistedClient:
             delay = attempts.next_delay(self.reactor.seconds(), retryable, retry_after)
             if delay is None:
                 return self.api.check(call, answer, self._wall())  # raises
+            log.info(
+                "%s %s: HTTP %d (Retry-After %s); retrying in %.2f s", call.method, call.path,
+                answer.status, answer.headers.get("retry-after", "-"), delay,
+            )  # fmt: skip
             await self._sleep(delay)
 
     # -- jobs -------------------------------------------------------------------------
@@ -389,4 +397,8 @@ class TwistedJob:
             delay = attempts.next_delay(clock(), True)
             if delay is None:
                 raise TransportError(f"event stream of {self.job_id}: {failure}") from failure
+            log.info(
+                "event stream of %s: %s; reopening in %.2f s (Last-Event-ID %s)", self.job_id,
+                failure, delay, follow.last_event_id,
+            )  # fmt: skip
             await client._sleep(delay)
