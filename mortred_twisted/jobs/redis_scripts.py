@@ -53,7 +53,8 @@ follow key); the hashes of jobs a script finds itself (in the queue stream, an
 expired lease, the retention or listing index) are named from the prefix, which
 carries the hash tag, so every key of one model id is in one cluster slot (a
 cluster-mode ``redis-server``, which refuses a script touching another slot than
-its declared keys, runs the contract suite: tests/jobs/test_redis_faults.py).
+its declared keys — scripts carry the ``#!lua`` line, so Redis 7 or later — runs
+the store's operations in tests/runtime/test_redis_link.py).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ _SCRIPT_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+#: Redis 7 script flags line: with it, Redis refuses a script that touches a key in
+#: another cluster slot than its declared keys (without it, legacy scripts may).
+SHEBANG = "#!lua\n"
+
+
 def _lua(name: str) -> str:
     return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
@@ -105,7 +111,7 @@ def _compose(name: str) -> str:
     fixed, dynamic = _SCRIPT_KEYS[name]
     names = ", ".join(f"'{n}'" for n in (*fixed, *dynamic))
     head = (
-        f"local KEY_NAMES = {{{names}}}\n"
+        f"{SHEBANG}local KEY_NAMES = {{{names}}}\n"
         f"local SWEEP_BATCH = {SWEEP_BATCH}\nlocal LIST_SCAN = {LIST_SCAN}\n"
     )
     return head + _lua("prelude") + _lua(name)
@@ -132,7 +138,7 @@ def follow_key(prefix: str, job_id: str) -> str:
 
 SCRIPTS: dict[str, str] = {name: _compose(name) for name in _SCRIPT_KEYS}
 #: FOLLOW receives only follow keys (any number): no prelude.
-SCRIPTS["follow"] = _lua("follow")
+SCRIPTS["follow"] = SHEBANG + _lua("follow")
 
 
 def reply_text(value: bytes | str | None) -> str | None:

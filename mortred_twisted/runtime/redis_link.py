@@ -1,7 +1,7 @@
 """``RedisLink``: one process's connections to Redis, on the reactor
 (:class:`~mortred_twisted.runtime.resp.RespConnection`, RESP through hiredis).
 
-Two connections, each kept up by a ``ClientService`` (reconnect with backoff), to a
+Two connections, each kept up by a :class:`_Keeper` (reconnect with backoff), to a
 host name, an IPv4 or an IPv6 address (``HostnameEndpoint``), over TLS for
 ``rediss://`` (verified against ``ca_file`` or the system's trust store, with a
 client certificate when given):
@@ -24,7 +24,7 @@ back) is found by one watchdog: every ``timeout_s / 6`` it looks at each
 connection's oldest unanswered command (replies come in order) and sends a ``PING``
 on each connection whose last one was ``timeout_s / 3`` ago (subscribed mode allows
 ``PING``). A command or ``PING`` unanswered for ``timeout_s`` aborts the connection;
-``ClientService`` connects a new one, which logs in, loads scripts or resubscribes
+its keeper connects a new one, which logs in, loads scripts or resubscribes
 and runs ``on_connected``/``on_subscribed``. Worst case from the moment a link goes
 silent to the abort: ``timeout_s / 3 + timeout_s + timeout_s / 6`` (4.5 s at the
 default 3 s). The sockets also get TCP keepalive.
@@ -49,8 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, fail, gatherResults
+from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
@@ -140,6 +139,84 @@ class _Factory(Factory):
         return proto
 
 
+class _Keeper:
+    """Keeps one connection up: connect, ``prepare`` it (log in, load, subscribe),
+    and after any failure or loss connect again, after 0.1 s doubling to 2 s while
+    attempts keep failing. (Twisted's ``ClientService`` leaves a connection whose
+    preparation failed open, and raises from its state machine when one closes
+    while it waits to retry.)"""
+
+    def __init__(
+        self,
+        reactor: Any,
+        endpoint: Any,
+        factory: Factory,
+        prepare: Callable[[RespConnection], Deferred[None]],
+    ) -> None:
+        self._reactor = reactor
+        self._endpoint = endpoint
+        self._factory = factory
+        self._prepare = prepare
+        self._running = False
+        self._failures = 0
+        self._timer: Any = None
+        self._connecting: Deferred[Any] | None = None
+        self._proto: RespConnection | None = None
+
+    def start(self) -> None:
+        self._running = True
+        self._attempt()
+
+    def stop(self) -> Deferred[Any]:
+        self._running = False
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
+        proto = self._proto
+        if proto is None or not proto.connected:
+            return succeed(None)
+        proto.transport.loseConnection()
+        return proto.lost
+
+    def _attempt(self) -> None:
+        self._timer = None
+        if not self._running:
+            return
+        connecting = self._endpoint.connect(self._factory)
+        self._connecting = connecting
+        connecting.addCallbacks(self._connected, self._cannot_connect)
+
+    def _cannot_connect(self, _failure: Failure) -> None:
+        self._connecting = None
+        self._failures += 1
+        self._again()
+
+    def _connected(self, proto: RespConnection) -> None:
+        self._connecting = None
+        self._proto = proto
+        proto.lost.addCallback(lambda _p: self._again())
+        if not self._running:
+            proto.transport.loseConnection()
+            return
+
+        def ready(_: Any) -> None:
+            self._failures = 0
+
+        def failed(_f: Failure) -> None:
+            self._failures += 1
+            if proto.connected:
+                proto.transport.abortConnection()  # lost -> the next attempt
+
+        self._prepare(proto).addCallbacks(ready, failed)
+
+    def _again(self) -> None:
+        if not self._running or self._timer is not None:
+            return
+        delay = min(2.0, 0.1 * 2 ** max(0, self._failures - 1))
+        self._timer = self._reactor.callLater(delay, self._attempt)
+
+
 class _Watched:
     """One connection's health: the protocol while it is up, its outstanding PING."""
 
@@ -186,19 +263,12 @@ class RedisLink:
         self._watched = {name: _Watched(name) for name in ("commands", "events")}
         self._last_problem: tuple[str, float] = ("", float("-inf"))
         endpoint = redis_endpoint(reactor, address)
-        policy = backoffPolicy(initialDelay=0.1, maxDelay=2.0, factor=2.0)
         self._reply_timeout_s = reply_timeout_s
         keepalive_s = max(1.0, reply_timeout_s / 2)
         cmd_factory = _Factory(reactor, address, None, keepalive_s)
-        self._commands = ClientService(
-            endpoint, cmd_factory, retryPolicy=policy, prepareConnection=self._prepare,
-            clock=reactor,
-        )  # fmt: skip
+        self._commands = _Keeper(reactor, endpoint, cmd_factory, self._prepare)
         sub_factory = _Factory(reactor, address, on_event, keepalive_s)
-        self._events = ClientService(
-            endpoint, sub_factory, retryPolicy=policy, prepareConnection=self._subscribe,
-            clock=reactor,
-        )  # fmt: skip
+        self._events = _Keeper(reactor, endpoint, sub_factory, self._subscribe)
         self._ready: list[Deferred[None]] = []
         self._watchdog = LoopingCall(self._check_health)
         self._watchdog.clock = reactor
@@ -212,17 +282,15 @@ class RedisLink:
         return self._sub is not None and bool(self._sub.connected)
 
     def start(self) -> None:
-        self._commands.startService()
-        self._events.startService()
+        self._commands.start()
+        self._events.start()
         self._watchdog.start(self._reply_timeout_s / 6, now=False)
 
     def stop(self) -> Deferred[Any]:
-        self._conn = None
+        self._conn = self._sub = None
         if self._watchdog.running:
             self._watchdog.stop()
-        return gatherResults(
-            [self._commands.stopService(), self._events.stopService()], consumeErrors=True
-        )
+        return gatherResults([self._commands.stop(), self._events.stop()], consumeErrors=True)
 
     def when_connected(self) -> Deferred[None]:
         """Fires once the command connection is up with its scripts loaded."""
@@ -272,6 +340,8 @@ class RedisLink:
 
     def _prepare(self, proto: RespConnection) -> Deferred[None]:
         d = Deferred.fromCoroutine(self._prepare_async(proto))
+        # A link that goes silent while logging in is not watched yet: bound it.
+        d.addTimeout(self._reply_timeout_s * 2, self._reactor)
         return d.addErrback(self._cannot_connect, proto)
 
     def _lost(self, proto: RespConnection) -> None:
@@ -294,12 +364,13 @@ class RedisLink:
 
     def _subscribe(self, proto: RespConnection) -> Deferred[None]:
         d = Deferred.fromCoroutine(self._subscribe_async(proto))
+        d.addTimeout(self._reply_timeout_s * 2, self._reactor)
         return d.addErrback(self._cannot_connect, proto)
 
     def _cannot_connect(self, failure: Failure, proto: RespConnection) -> Failure:
         """Log why a new connection could not be used (the TLS handshake's own error
-        when there is one), once per reason and every REPEAT_LOG_S; pass it on
-        (``ClientService`` drops the connection and tries again)."""
+        when there is one), once per reason and every REPEAT_LOG_S; pass it on (the
+        keeper drops the connection and tries again)."""
         reason = proto.lost_reason if proto.lost_reason is not None else failure
         why = reason.getErrorMessage()
         if "certificate verify failed" in why or "VerificationError" in repr(reason.value):
@@ -312,8 +383,6 @@ class RedisLink:
         if why != last or now - at >= REPEAT_LOG_S:
             self._last_problem = (why, now)
             log.error("job store: cannot use {url}: {why}", url=self.address.redacted(), why=why)
-        if proto.connected:
-            proto.transport.abortConnection()
         return failure
 
     # -- calls ----------------------------------------------------------------------

@@ -155,6 +155,7 @@ class RedisJobStore:
         self._progress_latest: dict[str, tuple[int, int]] = {}
         self._progress_at: dict[str, float] = {}
         self._progress_timers: dict[str, Any] = {}
+        self._resync_pending = False
         self._follow = LoopingCall(self._refresh_follows)
         self._follow.clock = reactor
         self.link = link_factory(
@@ -557,7 +558,16 @@ class RedisJobStore:
     def _resync_waiters(self) -> None:
         """After (re)subscribing, re-read what a deaf subscriber may have missed:
         the waited-for jobs that are terminal now, the held jobs' cancel flags (one
-        lease renewal), and the queue."""
+        lease renewal), and the queue. Reads that fail (the command connection is
+        down, or goes down meanwhile) are done again once it is back."""
+        if self._resync_pending:
+            return
+        self._resync_pending = True
+        self.link.when_connected().addCallback(lambda _: self._resync())
+
+    def _resync(self) -> None:
+        self._resync_pending = False
+        reads = []
         for job_id in self._counters.names():
             d = self.snapshot(job_id)
 
@@ -565,11 +575,20 @@ class RedisJobStore:
                 if snap is None or snap.terminal:
                     self._counters.count_by_name(job_id, None)
 
-            d.addCallbacks(wake, lambda _f: None)
+            reads.append(d.addCallback(wake))
         if self._held:
-            self.maintain().addErrback(lambda _f: None)
+            reads.append(self.maintain())
         if self.on_queued is not None:
             self.on_queued()
+
+        def again(failure: Any) -> None:
+            failure.trap(StoreUnavailable)
+            if not self._stopped:
+                self._resync_waiters()
+
+        for d in reads:
+            d.addErrback(again)
+            d.addErrback(lambda _f: None)
 
 
 def _terminal_view(job_id: str, view: bytes) -> JobSnapshot | None:
