@@ -44,6 +44,8 @@ from mortred_twisted.runtime.threads import ModelThreadPool
 log = Logger()
 
 FLUSH_DELAY_S = 0.05
+#: at shutdown, time the last answers get even when the jobs used the whole grace
+ANSWER_FLOOR_S = 0.5
 
 
 class Options(usage.Options):
@@ -153,14 +155,27 @@ class ModelServerService(Service):
         )  # fmt: skip
 
     def stopService(self) -> Deferred[None]:
+        """Drain within one grace period: jobs get up to ``grace_s``; then every wait
+        and event stream still parked is woken to answer the job's current status
+        (on a shared store its jobs live on: a wait for one that another replica
+        will run must not hang until the port closes), and the answers get what is
+        left of the grace (at least ANSWER_FLOOR_S) to be written."""
         super().stopService()
+        started = self._reactor.seconds()
         d = self.runtime.shutdown(self._grace_s)
 
+        def release_parked(_: Any) -> None:
+            counters = self.runtime.counters
+            for name in counters.names():
+                counters.count_by_name(name, None)
+
         def requests_answered(_: Any) -> Deferred[Any]:
-            # Every job is terminal now, so parked long-polls have their answers;
-            # wait (bounded) until each in-flight response is written.
+            # Wait (bounded) until each in-flight response is written.
             idle = self._site.when_idle() if self._site is not None else succeed(None)
-            return within(self._reactor, idle, self._grace_s, cancel_on_expiry=False)
+            left = self._grace_s - (self._reactor.seconds() - started)
+            return within(self._reactor, idle, max(ANSWER_FLOOR_S, left), cancel_on_expiry=False)
+
+        d.addBoth(release_parked)
 
         def flushed(_: Any) -> Deferred[None]:
             # One short pause lets the transports flush what was just written
