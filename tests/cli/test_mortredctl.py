@@ -81,6 +81,10 @@ class Scripted(BaseHTTPRequestHandler):
             state = "done" if Scripted.polls >= 3 else "running"
             return self.reply(200, {"job_id": "job_1", "state": state,
                                     "elapsed_ms": 100 * Scripted.polls})  # fmt: skip
+        if p.endswith("/job_4/result"):
+            return self.reply(409, {"error": "job not finished (state: failed)", "code": 64})
+        if p == "/v1/models/DDPM/jobs/job_4":
+            return self.reply(200, {"job_id": "job_4", "state": "failed", "error": "boom"})
         if p.endswith("/job_1/result"):
             return self.reply(200, {"code": 0, "msg": "success", "data": {}})
         if method == "DELETE" and p == "/v1/models/DDPM/jobs/job_2":
@@ -88,6 +92,9 @@ class Scripted(BaseHTTPRequestHandler):
                                     "cancel_requested": True})  # fmt: skip
         if method == "DELETE" and p == "/v1/models/DDPM/jobs/job_9":
             return self.reply(409, {"error": "job already finished (state: done)"})
+        if p.startswith("/v1/models/DDPM/jobs?") and "cursor=c2" in p:
+            return self.reply(200, {"jobs": [{"job_id": "job_0", "state": "done"}],
+                                    "next_cursor": None})  # fmt: skip
         if p.startswith("/v1/models/DDPM/jobs?"):
             return self.reply(200, {"jobs": [
                 {"job_id": "job_3", "state": "pending", "queue_position": 1, "elapsed_ms": 5},
@@ -246,3 +253,28 @@ def test_submit_sends_idempotency_key_and_webhook_then_watches(server: str) -> N
     assert posted[0][3]["webhook"] == "https://hooks.example.com/x"
     assert posted[0][3]["webhook_events_filter"] == ["completed"]
     assert any(h.get("Idempotency-Key") == "k-1" for h in Scripted.headers)
+
+
+def test_jobs_list_all_follows_every_page(server: str) -> None:
+    """jobs list --all follows next_cursor to the last page and prints every job."""
+    code, text = gw_run(server, "jobs", "list", "DDPM", "--all", "--limit", "2")
+    assert code == 0
+    assert [j["job_id"] for j in json.loads(text)["jobs"]] == ["job_3", "job_2", "job_0"]
+    assert [s[1] for s in Scripted.seen] == [
+        "/v1/models/DDPM/jobs?limit=2",
+        "/v1/models/DDPM/jobs?limit=2&cursor=c2",
+    ]
+
+
+def test_result_of_a_failed_job_exits_1_with_its_error(server: str, capsys: Any) -> None:
+    """jobs result of a failed job exits 1 and says how it ended."""
+    code, _ = gw_run(server, "jobs", "result", "/v1/models/DDPM/jobs/job_4/result")
+    assert code == 1
+    assert "job job_4 ended failed: boom" in capsys.readouterr().err
+
+
+def test_gateway_submit_sends_a_generated_idempotency_key(server: str) -> None:
+    """Without --idempotency-key, a gateway submit still carries a generated key, so
+    the client may retry it."""
+    assert gw_run(server, "jobs", "submit", "DDPM")[0] == 0
+    assert Scripted.headers[-1].get("Idempotency-Key", "").startswith("mc-")
