@@ -107,3 +107,28 @@ def test_restart_wait_and_logs(plane: ControlPlane) -> None:
     assert code == 0 and plane.status()["FAKE_ASYNC"]["pid"] != old
     code, text = ctl(plane, "logs", "FAKE_ASYNC", "--limit", "1000")
     assert code == 0 and f"stopping pid {old}" in text
+
+
+def sup_ctl(plane: ControlPlane, *argv: str) -> tuple[int, str]:
+    """mortredctl without --gateway: jobs go through the supervisor's proxy."""
+    out = io.StringIO()
+    base = ["--addr", f"http://127.0.0.1:{plane.api_port}", "--token", API_TOKEN]
+    return main([*base, *argv], out=out), out.getvalue()
+
+
+def test_jobs_through_the_supervisor_proxy(plane: ControlPlane) -> None:
+    """Without --gateway, jobs submit --wait, get, result and list --all use the
+    supervisor's /api/v1/jobs/<id>/ URLs."""
+    code, text = sup_ctl(plane, "jobs", "submit", "FAKE_ASYNC", "--params",
+                         '{"delay_ms": 100}', "--wait", "-q")  # fmt: skip
+    assert code == 0
+    submitted, _, final = text.partition("}\n")
+    doc = json.loads(submitted + "}")
+    assert doc["poll_url"].startswith("/api/v1/jobs/FAKE_ASYNC/job_")
+    assert json.loads(final)["state"] == "done"
+    code, text = sup_ctl(plane, "jobs", "get", doc["job_id"], "--model", "FAKE_ASYNC")
+    assert code == 0 and json.loads(text)["state"] == "done"
+    code, text = sup_ctl(plane, "jobs", "result", doc["poll_url"])
+    assert code == 0 and json.loads(text)["code"] == 0
+    code, text = sup_ctl(plane, "--json", "jobs", "list", "FAKE_ASYNC", "--all", "--limit", "1")
+    assert code == 0 and doc["job_id"] in [j["job_id"] for j in json.loads(text)["jobs"]]
