@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode, urljoin, urlsplit
@@ -272,6 +272,13 @@ def envelope(
     if priority is not None:
         doc["priority"] = priority
     return doc
+
+
+def states_param(state: str | Iterable[str] | None) -> str | None:
+    """A listing's ``state`` filter: a name, or several joined by commas."""
+    if state is None or isinstance(state, str):
+        return state
+    return ",".join(state)
 
 
 def read_status(answer: Answer) -> JobStatus:

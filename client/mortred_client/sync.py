@@ -27,6 +27,7 @@ from mortred_client.protocol import (
     read_page,
     read_result,
     read_status,
+    states_param,
 )
 from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
 from mortred_client.sse import SseParser
@@ -153,7 +154,7 @@ class Client:
         cursor: str | None = None,
     ) -> JobPage:  # fmt: skip
         """One page of your jobs, newest first (``state``: a name or several)."""
-        return read_page(self.call(self.api.list_page(_states(state), limit, cursor)))
+        return read_page(self.call(self.api.list_page(states_param(state), limit, cursor)))
 
     def jobs(
         self, state: str | Iterable[str] | None = None, page_size: int = 100
@@ -345,9 +346,3 @@ class Job:
                 failure, delay, follow.last_event_id,
             )  # fmt: skip
             client._sleep(delay)
-
-
-def _states(state: str | Iterable[str] | None) -> str | None:
-    if state is None or isinstance(state, str):
-        return state
-    return ",".join(state)

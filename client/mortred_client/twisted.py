@@ -41,10 +41,11 @@ from mortred_client.protocol import (
     read_result,
     read_status,
     resolve_url,
+    states_param,
 )
 from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
 from mortred_client.sse import SseParser
-from mortred_client.sync import POLL_MS, _states
+from mortred_client.sync import POLL_MS
 from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
 
 log = logging.getLogger("mortred_client")
@@ -188,7 +189,7 @@ class TwistedClient:
         cursor: str | None = None,
     ) -> defer.Deferred[JobPage]:  # fmt: skip
         """One page of your jobs, newest first."""
-        call = self.api.list_page(_states(state), limit, cursor)
+        call = self.api.list_page(states_param(state), limit, cursor)
         return self.call(call).addCallback(read_page)
 
     async def iter_jobs(
