@@ -49,6 +49,10 @@ class SupervisorSettings:
     ready_timeout_s: float = 600.0
     probe_interval_ms: int = 500
     restart_policy: str = "on-failure"
+    #: seconds for a request's head and body to arrive (408 after); 0 = none
+    read_timeout_s: float = 60.0
+    #: seconds a keep-alive connection may stay silent between requests; 0 = none
+    idle_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "ready_timeout_s": (int, float),
         "probe_interval_ms": (int,),
         "restart_policy": (str,),
+        "read_timeout_s": (int, float),
+        "idle_timeout_s": (int, float),
     },
     GatewaySettings: {
         "enabled": (bool,),
@@ -153,6 +159,8 @@ _RANGES: dict[str, tuple[float, float | None]] = {
     "stop_grace_s": (0, None),
     "ready_timeout_s": (1, None),
     "probe_interval_ms": (10, None),
+    "read_timeout_s": (0, None),
+    "idle_timeout_s": (0, None),
     "request_size_limit_mb": (0.001, 4096),
     "max_connections": (1, None),
     "max_connections_per_client": (0, None),

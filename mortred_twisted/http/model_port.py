@@ -28,18 +28,16 @@ Thread contract: reactor thread only.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, unquote_to_bytes
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mortred_twisted.http.answers import EarlyResponse, refusal_bytes
+from mortred_twisted.http.route_request import RouteRequest, route_with_klein
 from mortred_twisted.http11.messages import HeaderMap, Refusal, ServerRequest
 from mortred_twisted.http11.server import HTTPServerFactory
 
@@ -49,46 +47,8 @@ log = Logger()
 SERVER_HEADER = b"mortred-model"
 
 
-class ModelPortRequest:
-    """One request as the model server's handlers see it on the llhttp port (the
-    ``IRequest`` subset they read and write). Handlers may set attributes of their
-    own on it (route label, start time, request id)."""
-
-    def __init__(self, proxy: ServerRequest) -> None:
-        self._proxy = proxy
-        self.method = proxy.method
-        self.uri = proxy.uri
-        self.path = proxy.path
-        self.clientproto = proxy.clientproto
-        self.requestHeaders = proxy.requestHeaders
-        self.responseHeaders = proxy.responseHeaders
-        self.content = proxy.content if proxy.content is not None else io.BytesIO(b"")
-        self.code = 200
-        self._args: dict[bytes, list[bytes]] | None = None
-
-    @property
-    def args(self) -> dict[bytes, list[bytes]]:
-        """The query's arguments (blank values kept), as twisted.web's ``args``."""
-        if self._args is None:
-            query = self.uri.partition(b"?")[2]
-            self._args = parse_qs(query, keep_blank_values=True) if query else {}
-        return self._args
-
-    def getHeader(self, name: bytes) -> bytes | None:
-        return self._proxy.getHeader(name)
-
-    def setHeader(self, name: bytes, value: bytes) -> None:
-        self._proxy.setHeader(name, value)
-
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
-        self.code = self._proxy.code = code
-
-    def getClientAddress(self) -> Any:
-        return self._proxy.peer
-
-    def write(self, data: bytes) -> None:
-        """The next piece of a streamed answer (the head goes out with the first)."""
-        self._proxy.write(data)
+#: The request the model server's handlers see (kept under its earlier name).
+ModelPortRequest = RouteRequest
 
 
 class ModelPortApp:
@@ -142,12 +102,14 @@ class ModelPortApp:
             raise
         if not isinstance(outcome, Deferred):
             self._finished(request)
+            request.finished(outcome)
             return outcome
 
         def done(result: Any) -> Any:
             if isinstance(result, Failure) and not result.check(CancelledError):
                 request.code = 500  # what the server answers (or the stream was cut)
             self._finished(request)
+            request.finished(result)
             return result
 
         return outcome.addBoth(done)
@@ -157,22 +119,12 @@ class ModelPortApp:
         if matched is not None:
             handler, kwargs = matched
             return handler(request, **kwargs)
-        try:
-            path_info = unquote_to_bytes(request.path).decode("utf-8")
-        except UnicodeDecodeError:
-            request.setResponseCode(400)
-            request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
-            return b"Non-UTF-8 encoding in URL."
-        mapper = self._klein.url_map.bind(
-            "localhost", path_info=path_info, default_method=request.method.decode("latin-1")
+        return route_with_klein(
+            self._klein,
+            request,
+            not_found=self._app._not_found,
+            method_not_allowed=self._app._method_not_allowed,
         )
-        try:
-            rule, kwargs = mapper.match(return_rule=True)
-        except MethodNotAllowed as exc:
-            return self._app._method_not_allowed(request, Failure(exc))
-        except NotFound as exc:
-            return self._app._not_found(request, Failure(exc))
-        return self._klein.execute_endpoint(rule.endpoint, request, **kwargs)
 
 
 class ModelPortFactory(HTTPServerFactory):

@@ -11,7 +11,10 @@ stream (:mod:`mortred_twisted.http.event_relay`): each event reaches the browser
 the model writes it, and a browser that leaves closes the model's stream. Reactor
 thread only.
 
-Browser hardening, on every answer (:meth:`SupervisorApi.resource`): the
+Served by the project's HTTP/1.1 server (:meth:`SupervisorApi.http_server`), with the
+same limits and deadlines as every port; a request that carries a body is judged
+from its head (:meth:`SupervisorPort.refuse_head`). Browser hardening, on every
+answer: the
 :data:`SECURITY_HEADERS` (a Content-Security-Policy that allows no inline script or
 style, no framing, ``nosniff``, no referrer), and, when the supervisor runs without
 a token, the DNS-rebinding defence: a ``Host`` that is not a loopback name is
@@ -31,7 +34,7 @@ from klein import Klein
 from prometheus_client import CollectorRegistry
 from twisted.internet import defer
 from twisted.web.http_headers import Headers
-from twisted.web.resource import Resource
+from werkzeug.exceptions import MethodNotAllowed
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.http.auth import (
@@ -41,6 +44,14 @@ from mortred_twisted.http.auth import (
     token_matches,
 )
 from mortred_twisted.http.event_relay import relay_events
+from mortred_twisted.http.route_request import (
+    RouteRequest,
+    match_endpoint,
+    route_with_klein,
+    settled,
+)
+from mortred_twisted.http11.messages import ServerRequest
+from mortred_twisted.http11.server import HTTPServerFactory
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
@@ -106,11 +117,20 @@ class SupervisorApi:
         self.internal_token = internal_token
         self.static_dir = static_dir.resolve()
 
-    def resource(self) -> Any:
-        """The twisted.web resource of the whole API: every answer carries the
-        :data:`SECURITY_HEADERS`, and a request whose ``Host`` the token policy
-        refuses is answered 421 without reaching a route."""
-        return _Guarded(self.app.resource(), token_configured=bool(self.api_token))
+    def port(self) -> SupervisorPort:
+        """The app the project's HTTP server serves (:class:`SupervisorPort`): every
+        answer carries the :data:`SECURITY_HEADERS`, a request whose ``Host`` the
+        token policy refuses is answered 421 without reaching a route, and a request
+        with a body is judged from its head."""
+        return SupervisorPort(self)
+
+    def http_server(self, clock: Any, *, max_body_bytes: int = 16 << 20, **limits: Any) -> Any:
+        """:meth:`port` behind an :class:`~mortred_twisted.http11.server.
+        HTTPServerFactory` (``limits``: its budgets, caps and deadlines)."""
+        return HTTPServerFactory(
+            self.port(), clock=clock, max_body_bytes=max_body_bytes,
+            server_header=b"mortred-supervisor", **limits,
+        )  # fmt: skip
 
     def _authorized(self, request: Any) -> bool:
         if not self.api_token:
@@ -327,24 +347,61 @@ class SupervisorApi:
         return out
 
 
-class _Guarded(Resource):
-    """Sets the security headers, applies the Host check, then lets ``inner`` (the
-    Klein resource, a leaf) answer. Reactor thread only."""
+class SupervisorPort:
+    """``dispatch`` (and ``refuse_head``) of the supervisor for the project's HTTP
+    server: the security headers and the Host check on every request, then the Klein
+    table's route (JSON 404/405 of its own). Reactor thread only."""
 
-    isLeaf = True
+    def __init__(self, api: SupervisorApi) -> None:
+        self.api = api
+        self._klein = api.app  # bound to the instance: its map and endpoints
+        self._token_configured = bool(api.api_token)
 
-    def __init__(self, inner: Any, *, token_configured: bool) -> None:
-        super().__init__()
-        self.inner = inner
-        self.token_configured = token_configured
-
-    def render(self, request: Any) -> Any:
+    def _guard(self, request: Any) -> bytes | None:
         for name, value in SECURITY_HEADERS:
             request.setHeader(name, value)
-        refusal = host_refusal(request.getHeader(b"host"), token_configured=self.token_configured)
+        refusal = host_refusal(request.getHeader(b"host"), token_configured=self._token_configured)
         if refusal is not None:
             return _json(request, MISDIRECTED, {"error": refusal})
-        return self.inner.render(request)
+        return None
+
+    def refuse_head(self, proxy: ServerRequest, length: int) -> bytes | None:
+        """Before a body byte is read: 421 (Host), 404/405 (no such route or method),
+        401 (every route that takes a body needs the token), 415 (the try-it proxy
+        takes JSON)."""
+        refused = self._guard(proxy)
+        if refused is not None:
+            return refused
+        endpoint = match_endpoint(self._klein, proxy.method, proxy.path)
+        if isinstance(endpoint, MethodNotAllowed):
+            return _method_not_allowed(proxy, endpoint)
+        if isinstance(endpoint, Exception):
+            return _json(proxy, 404, {"error": "not found"})
+        if not self.api._authorized(proxy):
+            return self.api._deny(proxy)
+        content_type = proxy.getHeader(b"content-type") or b""
+        if endpoint == "infer" and not content_type.lower().startswith(b"application/json"):
+            return _json(proxy, 415, {"error": "content type must be application/json"})
+        return None
+
+    def dispatch(self, proxy: ServerRequest) -> Any:
+        request = RouteRequest(proxy)
+        refused = self._guard(request)
+        if refused is not None:
+            return refused
+        outcome = route_with_klein(
+            self._klein,
+            request,
+            not_found=lambda r, _f: _json(r, 404, {"error": "not found"}),
+            method_not_allowed=lambda r, f: _method_not_allowed(r, f.value),
+        )
+        return settled(request, outcome)
+
+
+def _method_not_allowed(request: Any, exc: Any) -> bytes:
+    allow = ", ".join(sorted(exc.valid_methods or []))
+    request.setHeader(b"Allow", allow.encode("ascii"))
+    return _json(request, 405, {"error": "method not allowed"})
 
 
 def _rewrite_job_urls(doc: dict[str, Any], server_id: str) -> bool:

@@ -29,7 +29,6 @@ from twisted.application import internet, service
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent
-from twisted.web.server import Site
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
@@ -285,9 +284,17 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         stream_agent=Agent(reactor, pool=quiet_pool(reactor, persistent=False), connectTimeout=5),
         internal_token=internal_token,
     )
-    site = Site(api.resource())
-    site.noisy = False
-    site.log = lambda request: None  # type: ignore[method-assign]
+    # The project's one HTTP server, with the gateway's body limits and budget, and
+    # its deadlines (a slow or idle client cannot hold a connection).
+    site = api.http_server(
+        reactor,
+        max_body_bytes=gw.request_size_limit_bytes,
+        body_budget_bytes=gw.body_budget_bytes,
+        max_connections=gw.max_connections,
+        max_connections_per_address=gw.max_connections_per_client,
+        read_timeout_s=sup.read_timeout_s,
+        idle_timeout_s=sup.idle_timeout_s,
+    )
     lines = [
         "mortred control plane",
         f"  supervisor + web UI: http://{sup.api_host}:{sup.api_port}/",

@@ -141,6 +141,7 @@ def control_plane(
     models: list[str],
     *,
     extra_toml: str = "",
+    supervisor_toml: str = "",
     env: Mapping[str, str] | None = None,
     recv_timeout_ms: int = 180000,
 ) -> Iterator[ControlPlane]:
@@ -158,6 +159,7 @@ def control_plane(
         "probe_interval_ms = 100",
         "stop_grace_s = 10",
         "ready_timeout_s = 120",
+        supervisor_toml,
         "[gateway]",
         f"port = {gw_port}",
         f'api_keys = "{tmp / "api_keys.toml"}"',

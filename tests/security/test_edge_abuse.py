@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import INTERNAL_TOKEN, MODEL, Target
+from tests.security.conftest import INTERNAL_TOKEN, MODEL, READ_DEADLINE_S, Target
 from tests.security.wire import parse_answers, read_until_closed
 from tests.support.servers import RunningServer, model_server
 from tests.support.waiting import wait_until
@@ -233,3 +233,51 @@ def test_connections_per_address_are_capped(limited_model: RunningServer) -> Non
         for sock in held:
             sock.close()
     wait_until(lambda: _served_connections(port, 1), 10, "a free slot")
+
+
+# -- the supervisor (:8787) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A supervisor (its gateway, no model) with short deadlines; its API port."""
+    from tests.control.plane import control_plane
+
+    tmp = tmp_path_factory.mktemp("supervisor-abuse")
+    toml = f"read_timeout_s = {READ_DEADLINE_S}\nidle_timeout_s = 5"
+    with control_plane(tmp, [], supervisor_toml=toml) as plane:
+        plane.wait_ready(["gateway"])
+        yield plane.api_port
+
+
+def test_supervisor_refuses_an_unauthenticated_upload_from_its_head(supervisor: int) -> None:
+    """A 40 MB POST without the token: 401 from the head, no 100 Continue, closed."""
+    raw, sock = head_answer(supervisor, post_head(b"/api/v1/infer", 40 * MB))
+    sock.close()
+    assert raw.startswith(b"HTTP/1.1 401 "), raw[:200]
+    assert b"100 Continue" not in raw and b"content-security-policy" in raw.lower()
+
+
+def test_supervisor_times_out_a_trickled_head(supervisor: int) -> None:
+    """Slowloris: a head sent a byte at a time, never finished, is answered 408 and
+    closed within the read deadline, however often bytes arrive."""
+    sock = socket.create_connection(("127.0.0.1", supervisor), timeout=READ_DEADLINE_S + 15)
+    try:
+        head = b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+        sock.sendall(head)
+        sock.settimeout(0.2)
+        answer = b""
+        for _ in range(int((READ_DEADLINE_S + 10) / 0.2)):
+            try:
+                sock.send(b"a")
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    finally:
+        sock.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from klein import Klein
-from treq.testing import RequestTraversalAgent, StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet import defer, error
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
@@ -23,6 +23,7 @@ from mortred_twisted.supervisor.metrics import supervisor_registry
 from mortred_twisted.supervisor.monitor import ManagedServer, Supervisor, Timing
 from mortred_twisted.supervisor.policy import RestartTracker
 from mortred_twisted.supervisor.process import ProcessSpec
+from tests.support.memory_http import MemoryClient
 
 from ..gateway.fakes import FakeModel
 from .fakes import FakeProber, FakeSpawner
@@ -70,11 +71,13 @@ class Harness:
             stream_agent=stream_agent or self.streams,
             internal_token="internal",
         )
-        self.client = StubTreq(api.resource())
+        self.client = MemoryClient(api.http_server(self.clock))
 
     def call(
         self, method: str, path: str, origin: str = "http://sup", **kw: Any
     ) -> tuple[int, bytes, Any]:
+        if kw.get("data") is not None:  # as the web UI sends its JSON
+            kw["headers"] = {"Content-Type": "application/json", **kw.get("headers", {})}
         d = self.client.request(method, origin + path, **kw)
         self.flush()
         out: list[Any] = []

@@ -1,22 +1,27 @@
 """An in-memory HTTP client for the project's one HTTP server (treq's ``StubTreq``
 shape): each request opens a connection from a fresh ``StringTransport`` to the
-factory, and its Deferred fires with a response once the whole answer was written.
+factory; its Deferred fires with a response once the answer's head was written (as
+an ``Agent``'s does), and the body follows.
 
 ``client.request(method, url, headers=, data=)`` (and ``get``/``post``/``delete``)
 returns a Deferred of a :class:`MemoryResponse` (``code``, ``headers`` as twisted
-``Headers``, ``content()``); :meth:`MemoryClient.flush` delivers answers completed
-since (call it after stepping the clock or the model threads, as with StubTreq);
-cancelling a request's Deferred closes its connection, as a client that goes away.
+``Headers``, ``content()`` firing with the whole body, ``deliverBody(protocol)``
+for a streamed one); :meth:`MemoryClient.flush` moves what the server wrote since
+(call it after stepping the clock or the model threads, as with StubTreq).
+Cancelling a request's Deferred before its head, or ``stopProducing()`` on a
+delivered body's transport, closes the connection, as a client that goes away.
 """
 
 from __future__ import annotations
 
+import json as _json
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
@@ -24,62 +29,109 @@ from twisted.web.http_headers import Headers
 from mortred_twisted.http11.server import HTTPServerFactory
 
 
-class MemoryResponse:
-    """One complete answer."""
+class _BodyTransport:
+    """What a delivered body's protocol sees as its transport."""
 
-    def __init__(self, code: int, headers: Headers, body: bytes) -> None:
+    def __init__(self, exchange: _Exchange) -> None:
+        self._exchange = exchange
+
+    def stopProducing(self) -> None:
+        self._exchange.leave()
+
+
+class MemoryResponse:
+    """One answer: its head now, its body as the server writes it."""
+
+    def __init__(self, exchange: _Exchange, code: int, headers: Headers) -> None:
+        self._exchange = exchange
         self.code = code
         self.headers = headers
-        self.body = body
 
     def content(self) -> defer.Deferred[bytes]:
-        return defer.succeed(self.body)
+        return self._exchange.whole_body()
+
+    def deliverBody(self, protocol: Any) -> None:
+        self._exchange.deliver(protocol)
 
 
-class _Answer:
-    """llhttp callbacks collecting one response."""
+class _Exchange:
+    """One request on its own connection, parsed incrementally with llhttp."""
 
-    def __init__(self) -> None:
+    def __init__(self, proto: Any, transport: StringTransport, head_only: bool) -> None:
+        self.proto = proto
+        self.transport = transport
+        self.head_only = head_only
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: defer.Deferred[MemoryResponse] = defer.Deferred(lambda _d: self.leave())
         self.headers = Headers()
         self.parts: list[bytes] = []
         self.complete = False
+        self.gone = False
+        self.protocol: Any = None
+        self.waiters: list[defer.Deferred[bytes]] = []
 
+    # llhttp callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.addRawHeader(name, value)
 
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            self.headers = Headers()
+            return
+        if not self.response.called:
+            self.response.callback(MemoryResponse(self, status, self.headers))
+        if self.head_only:
+            self._end()
+
     def on_body(self, data: bytes) -> None:
-        self.parts.append(data)
+        if self.protocol is not None:
+            self.protocol.dataReceived(data)
+        else:
+            self.parts.append(data)
 
     def on_message_complete(self) -> None:
+        self._end()
+
+    # the client side
+    def pump(self) -> None:
+        data = self.transport.value()
+        self.transport.clear()
+        if data and not self.complete:
+            self.parser.feed_data(data)
+
+    def _end(self) -> None:
+        if self.complete:
+            return
         self.complete = True
+        body = b"".join(self.parts)
+        if self.protocol is not None:
+            self.protocol.connectionLost(Failure(ConnectionDone()))
+        for d in self.waiters:
+            d.callback(body)
+        self.waiters = []
 
+    def whole_body(self) -> defer.Deferred[bytes]:
+        if self.complete:
+            return defer.succeed(b"".join(self.parts))
+        d: defer.Deferred[bytes] = defer.Deferred()
+        self.waiters.append(d)
+        return d
 
-def parse_answer(raw: bytes, head: bool = False) -> MemoryResponse | None:
-    """The first complete response in ``raw`` (1xx skipped), or None."""
-    while raw:
-        answer = _Answer()
-        parser = httptools.HttpResponseParser(answer)
-        if head:
-            end = raw.find(b"\r\n\r\n")
-            if end < 0:
-                return None
-            parser.feed_data(raw[: end + 4].replace(b"Transfer-Encoding: chunked\r\n", b""))
-            if not raw.startswith(b"HTTP/1.1 1"):
-                return MemoryResponse(parser.get_status_code(), answer.headers, b"")
-            raw = raw[end + 4 :]
-            continue
-        try:
-            parser.feed_data(raw)
-        except httptools.HttpParserError:
-            return None
-        if not answer.complete:
-            return None
-        status = parser.get_status_code()
-        if 100 <= status < 200:
-            raw = raw.partition(b"\r\n\r\n")[2]
-            continue
-        return MemoryResponse(status, answer.headers, b"".join(answer.parts))
-    return None
+    def deliver(self, protocol: Any) -> None:
+        self.protocol = protocol
+        protocol.makeConnection(_BodyTransport(self))
+        if self.parts:
+            protocol.dataReceived(b"".join(self.parts))
+            self.parts = []
+        if self.complete:
+            protocol.connectionLost(Failure(ConnectionDone()))
+
+    def leave(self) -> None:
+        """The client goes away."""
+        if not self.gone:
+            self.gone = True
+            self.proto.connectionLost(Failure(ConnectionDone("client went away")))
 
 
 class MemoryClient:
@@ -88,42 +140,45 @@ class MemoryClient:
     def __init__(self, factory: HTTPServerFactory, host: str = "127.0.0.1") -> None:
         self._factory = factory
         self._host = host
-        self._pending: list[tuple[StringTransport, defer.Deferred[MemoryResponse], bool]] = []
+        self._open: list[_Exchange] = []
 
     def request(
         self,
         method: str,
         url: str,
-        headers: dict[Any, Any] | None = None,
-        data: bytes | None = None,
+        headers: dict[Any, Any] | Headers | None = None,
+        data: bytes | str | None = None,
+        json: Any = None,
         **_kw: Any,
     ) -> defer.Deferred[MemoryResponse]:
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: " + (parts.netloc or "x").encode()]
-        for name, value in (headers or {}).items():
+        items = (
+            headers.getAllRawHeaders() if isinstance(headers, Headers) else (headers or {}).items()
+        )
+        for name, value in items:
             values = value if isinstance(value, list) else [value]
             key = name if isinstance(name, bytes) else name.encode("latin-1")
             for v in values:
                 lines.append(key + b": " + (v if isinstance(v, bytes) else v.encode("latin-1")))
-        body = data or b""
+        if json is not None:
+            data = _json.dumps(json)
+            lines.append(b"Content-Type: application/json")
+        body = data.encode("utf-8") if isinstance(data, str) else data or b""
         if body or method in ("POST", "PUT", "PATCH"):
             lines.append(b"Content-Length: %d" % len(body))
-        proto = self._factory.buildProtocol(IPv4Address("TCP", self._host, 40000))
-        transport = StringTransport(peerAddress=IPv4Address("TCP", self._host, 40000))
-
-        def gone(_d: Any) -> None:
-            proto.connectionLost(Failure(ConnectionError("client went away")))
-
-        d: defer.Deferred[MemoryResponse] = defer.Deferred(gone)
+        address = IPv4Address("TCP", self._host, 40000)
+        proto = self._factory.buildProtocol(address)
         if proto is None:
-            d.errback(ConnectionRefusedError())
-            return d
+            return defer.fail(ConnectionRefusedError())
+        transport = StringTransport(peerAddress=address)
         proto.makeConnection(transport)
-        self._pending.append((transport, d, method == "HEAD"))
+        exchange = _Exchange(proto, transport, method == "HEAD")
+        self._open.append(exchange)
         proto.dataReceived(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.flush()
-        return d
+        return exchange.response
 
     def get(self, url: str, **kw: Any) -> defer.Deferred[MemoryResponse]:
         return self.request("GET", url, **kw)
@@ -135,13 +190,8 @@ class MemoryClient:
         return self.request("DELETE", url, **kw)
 
     def flush(self) -> None:
-        """Fire the Deferreds of requests whose answer is complete now."""
-        for item in list(self._pending):
-            transport, d, head = item
-            if d.called:
-                self._pending.remove(item)
-                continue
-            answer = parse_answer(transport.value(), head)
-            if answer is not None:
-                self._pending.remove(item)
-                d.callback(answer)
+        """Deliver what the server wrote since the last flush."""
+        for exchange in list(self._open):
+            exchange.pump()
+            if exchange.complete or exchange.gone:
+                self._open.remove(exchange)
