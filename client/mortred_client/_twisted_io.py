@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 
 from twisted.internet import defer, error
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web import client as web_client
 from twisted.web.http import PotentialDataLoss
@@ -23,7 +23,7 @@ _TRANSPORT_FAILURES: tuple[type[BaseException], ...] = (
     web_client.ResponseFailed,
     web_client.ResponseNeverReceived,
     web_client.RequestTransmissionFailed,
-    web_client.RequestNotSent,
+    web_client.RequestNotSent,  # type: ignore[attr-defined]
 )
 
 
@@ -57,7 +57,7 @@ class BodyChunks(Protocol):
         self._chunks.append(data)
         self._wake()
 
-    def connectionLost(self, reason: Failure) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._ended = True
         if not reason.check(web_client.ResponseDone, PotentialDataLoss):
             self._end = reason

@@ -211,13 +211,15 @@ class Api:
 
     def infer(self, envelope: dict[str, Any], infer_path: str | None = None) -> Call:
         """Sync inference: not repeatable (it runs the model), so retried only on 429."""
+        path: str | None = infer_path
         if self.front == "supervisor":
             self._model()  # checks there is one
             doc = {"server_id": self.model, **envelope}
             path = "/api/v1/infer"
         else:
             doc = envelope
-            path = self._model_prefix() + "/infer" if self.front == "gateway" else infer_path
+            if self.front == "gateway":
+                path = self._model_prefix() + "/infer"
             if not path:
                 raise ValueError("a model port's sync route is unknown (pass infer_path)")
         return Call("POST", path, _json_bytes(doc), self.headers(json_body=True), Safety.ONCE)

@@ -30,6 +30,7 @@ started, and the last error is raised at once.
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ class RetryPolicy:
     def backoff(self, retry: int, rng: Callable[[], float]) -> float:
         """The wait before retry number ``retry`` (0-based): equal jitter over
         ``min(cap, base * 2**retry)``."""
-        ceiling = min(self.cap, self.base * (2**retry))
+        ceiling = min(self.cap, math.ldexp(self.base, retry))  # base * 2**retry
         return ceiling / 2 + rng() * ceiling / 2
 
 
