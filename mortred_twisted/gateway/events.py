@@ -21,7 +21,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from mortred_twisted.gateway.rewrite import EventRecords
+from mortred_twisted.gateway.rewrite import EventRecords, gateway_prefix
 from mortred_twisted.http11.upstream_stream import UpstreamStream
 
 EVENT_STREAM = b"text/event-stream"
@@ -39,7 +39,7 @@ def relay(stream: UpstreamStream, request: Any, model_id: str) -> defer.Deferred
         return stream.read_all().addCallback(_whole, request)
     request.setHeader(b"X-Accel-Buffering", b"no")  # nor should any proxy after us
     request.write(b"")  # the head now, before the first record
-    records = EventRecords(model_id)
+    records = EventRecords(gateway_prefix(model_id))
     write = request.write
 
     def forward(data: bytes) -> None:

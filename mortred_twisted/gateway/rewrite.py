@@ -1,4 +1,5 @@
-"""Rewriting model-port job URLs to gateway URLs (pure).
+"""Rewriting model-port job URLs to public URLs (pure): the one rewriter of the gateway
+(``/v1/models/<id>/jobs/…``) and the supervisor (``/api/v1/jobs/<id>/…``).
 
 A model process answers a submit with ``Location: /jobs/<id>`` and
 ``poll_url``/``result_url`` under ``/jobs/<id>``; clients of the gateway must see
@@ -19,15 +20,31 @@ from urllib.parse import quote, urlsplit
 REWRITTEN_FIELDS = ("poll_url", "result_url")
 
 
-def public_job_path(value: str, model_id: str) -> str:
-    """``/jobs/<rest>`` (or ``http://h:p/jobs/<rest>``) → ``/v1/models/<id>/jobs/<rest>``."""
+def gateway_prefix(model_id: str) -> str:
+    """Where the gateway serves a model's jobs: ``/v1/models/<id>/jobs/``."""
+    return f"/v1/models/{quote(model_id, safe='')}/jobs/"
+
+
+def supervisor_prefix(server_id: str) -> str:
+    """Where the supervisor serves a model's jobs: ``/api/v1/jobs/<id>/``."""
+    return f"/api/v1/jobs/{quote(server_id, safe='')}/"
+
+
+def public_path(value: str, prefix: str) -> str:
+    """``/jobs/<rest>`` (or ``http://h:p/jobs/<rest>``) → ``<prefix><rest>``; any
+    other value unchanged."""
     path = value
     if "://" in value:
         parts = urlsplit(value)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
     if path.startswith("/jobs/"):
-        return f"/v1/models/{quote(model_id, safe='')}{path}"
+        return prefix + path[len("/jobs/") :]
     return value
+
+
+def public_job_path(value: str, model_id: str) -> str:
+    """:func:`public_path` under the gateway's prefix."""
+    return public_path(value, gateway_prefix(model_id))
 
 
 #: model id -> (compact poll_url key + public prefix, same for result_url, the
@@ -37,6 +54,11 @@ _FIELD_PATH = re.compile(rb'("(?:poll_url|result_url)"\s*:\s*")(/jobs/)')
 
 
 def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
+    """:func:`rewrite_urls` under the gateway's prefix."""
+    return rewrite_urls(body, gateway_prefix(model_id))
+
+
+def rewrite_urls(body: bytes, prefix: str) -> bytes:
     """A job body (submit 202, poll/wait 200, cancel 200/202, a listing's
     ``{"jobs": [...]}``) with ``poll_url``/``result_url`` rewritten; byte for byte
     unchanged when it is not a JSON object or holds nothing to rewrite.
@@ -49,16 +71,16 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
     if b"/jobs/" not in body:
         return body
     if b"://" not in body and body.lstrip()[:1] == b"{":
-        cached = _REPLACEMENTS.get(model_id)
+        cached = _REPLACEMENTS.get(prefix)
         if cached is None:
-            prefix = f"/v1/models/{quote(model_id, safe='')}/jobs/".encode()
+            raw = prefix.encode()
             cached = (
-                b'"poll_url":"' + prefix,
-                b'"result_url":"' + prefix,
-                rb"\g<1>" + prefix.replace(b"\\", b"\\\\"),
+                b'"poll_url":"' + raw,
+                b'"result_url":"' + raw,
+                rb"\g<1>" + raw.replace(b"\\", b"\\\\"),
             )
             if len(_REPLACEMENTS) < 1024:
-                _REPLACEMENTS[model_id] = cached
+                _REPLACEMENTS[prefix] = cached
         # The compact form (what the model server writes) by plain replaces; the
         # regex then only has spaced forms left to find.
         body = body.replace(b'"poll_url":"/jobs/', cached[0])
@@ -72,23 +94,23 @@ def rewrite_job_urls(body: bytes, model_id: str) -> bytes:
         return body
     if not isinstance(doc, dict):
         return body
-    changed = _rewrite_fields(doc, model_id)
+    changed = _rewrite_fields(doc, prefix)
     jobs = doc.get("jobs")
     if isinstance(jobs, list):
         for job in jobs:
-            if isinstance(job, dict) and _rewrite_fields(job, model_id):
+            if isinstance(job, dict) and _rewrite_fields(job, prefix):
                 changed = True
     if not changed:
         return body
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _rewrite_fields(doc: dict[str, Any], model_id: str) -> bool:
+def _rewrite_fields(doc: dict[str, Any], prefix: str) -> bool:
     changed = False
     for name in REWRITTEN_FIELDS:
         value = doc.get(name)
         if isinstance(value, str):
-            new = public_job_path(value, model_id)
+            new = public_path(value, prefix)
             if new != value:
                 doc[name] = new
                 changed = True
@@ -100,9 +122,10 @@ def _rewrite_fields(doc: dict[str, Any], model_id: str) -> bool:
 MAX_RECORD = 1 << 20
 
 
-def rewrite_event_data(records: bytes, model_id: str) -> bytes:
-    """Complete ``text/event-stream`` records with each ``data:`` line's job URLs
-    rewritten (a line stays one line: JSON never holds a raw line break)."""
+def rewrite_event_data(records: bytes, prefix: str) -> bytes:
+    """Complete ``text/event-stream`` records (or whole lines) with each ``data:``
+    line's job URLs under ``prefix`` (a line stays one line: JSON never holds a raw
+    line break)."""
     if b"/jobs/" not in records:
         return records
     out = []
@@ -110,7 +133,7 @@ def rewrite_event_data(records: bytes, model_id: str) -> bytes:
         if line.startswith(b"data:"):
             body = line.rstrip(b"\r\n")
             lead = 6 if body.startswith(b"data: ") else 5
-            line = body[:lead] + rewrite_job_urls(body[lead:], model_id) + line[len(body) :]
+            line = body[:lead] + rewrite_urls(body[lead:], prefix) + line[len(body) :]
         out.append(line)
     return b"".join(out)
 
@@ -120,10 +143,10 @@ class EventRecords:
     boundaries (a blank line), so that each complete record's ``data:`` lines are
     rewritten whole (:func:`rewrite_event_data`). Pure; one per stream."""
 
-    __slots__ = ("_model_id", "_partial")
+    __slots__ = ("_partial", "_prefix")
 
-    def __init__(self, model_id: str) -> None:
-        self._model_id = model_id
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
         self._partial = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -140,7 +163,7 @@ class EventRecords:
             self._partial = data
             return b""
         self._partial = data[end:]
-        return rewrite_event_data(data[:end], self._model_id)
+        return rewrite_event_data(data[:end], self._prefix)
 
     def flush(self) -> bytes:
         """What is left when the stream ends (an incomplete record, passed as is)."""

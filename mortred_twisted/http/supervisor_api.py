@@ -37,6 +37,7 @@ from twisted.web.http_headers import Headers
 from werkzeug.exceptions import MethodNotAllowed
 
 from mortred_twisted.config.catalog import Catalog
+from mortred_twisted.gateway.rewrite import rewrite_event_data, rewrite_urls, supervisor_prefix
 from mortred_twisted.http.auth import (
     WWW_AUTHENTICATE,
     bearer_token,
@@ -315,7 +316,7 @@ class SupervisorApi:
                     request,
                     url,
                     headers,
-                    lambda line: _rewrite_data(line, server_id),
+                    lambda line: rewrite_event_data(line, supervisor_prefix(server_id)),
                 )
             except UpstreamError as e:
                 return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
@@ -337,14 +338,7 @@ class SupervisorApi:
             values = response.headers.getRawHeaders(name)
             if values and values != [b""]:
                 request.responseHeaders.setRawHeaders(name, values)
-        out = response.body
-        try:
-            doc = json.loads(out)
-        except ValueError:
-            return out
-        if isinstance(doc, dict) and _rewrite_job_urls(doc, server_id):
-            out = json.dumps(doc).encode("utf-8")
-        return out
+        return rewrite_urls(response.body, supervisor_prefix(server_id))
 
 
 class SupervisorPort:
@@ -402,32 +396,3 @@ def _method_not_allowed(request: Any, exc: Any) -> bytes:
     allow = ", ".join(sorted(exc.valid_methods or []))
     request.setHeader(b"Allow", allow.encode("ascii"))
     return _json(request, 405, {"error": "method not allowed"})
-
-
-def _rewrite_job_urls(doc: dict[str, Any], server_id: str) -> bool:
-    """Point a status's (or a listing's statuses') job URLs at ``/api/v1/jobs/<id>/``;
-    True when anything changed."""
-    prefix = f"/api/v1/jobs/{server_id}/"
-    changed = False
-    statuses = [doc]
-    if isinstance(doc.get("jobs"), list):
-        statuses.extend(j for j in doc["jobs"] if isinstance(j, dict))
-    for status in statuses:
-        for key in ("poll_url", "result_url"):
-            value = status.get(key)
-            if isinstance(value, str) and value.startswith("/jobs/"):
-                status[key] = prefix + value[len("/jobs/") :]
-                changed = True
-    return changed
-
-
-def _rewrite_data(line: bytes, server_id: str) -> bytes:
-    """An event's ``data: <status JSON>`` line with its job URLs rewritten (any other
-    line unchanged)."""
-    try:
-        doc = json.loads(line[len(b"data:") :])
-    except ValueError:
-        return line
-    if not isinstance(doc, dict) or not _rewrite_job_urls(doc, server_id):
-        return line
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode("utf-8")
