@@ -419,10 +419,10 @@ def test_events_are_relayed_as_they_arrive_and_the_end_ends_the_stream() -> None
     record = sse("progress", {**STATUS, "progress": {"step": 3, "total": 10}}, 2)
     m.push(record[:-30])  # a record split mid-line: its complete lines go at once
     h.flush()
-    assert "event: progress" in body.text and '"step":3' not in body.text
+    assert "event: progress" in body.text and '"step": 3' not in body.text
     m.push(record[-30:])
     h.flush()
-    assert '"step":3' in body.text and body.reason is None
+    assert '"step": 3' in body.text and body.reason is None
     m.end(sse("done", {**STATUS, "state": "done"}, 3))
     h.flush()
     assert "event: done" in body.text
