@@ -461,7 +461,9 @@ class RedisJobStore:
     def maintain(self) -> Deferred[int]:
         """Renew this replica's leases (and read their cancel flags), re-queue or fail
         the jobs of lost replicas, time out overdue pending jobs, forget expired
-        retention entries."""
+        retention entries. A held job that was cancelled, or is no longer this
+        replica's (its lease expired while the link was down: another replica ended
+        or re-runs it), is stopped here (``on_cancel``): its result would be refused."""
         overdue = f"job exceeded async_timeout ({self._budget_ms} ms) while waiting for a worker"
         reclaim = self._reactor.seconds() >= self._reclaim_from
         attempts = self._max_attempts if reclaim else 0  # 0: renew only

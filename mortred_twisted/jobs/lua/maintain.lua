@@ -2,8 +2,9 @@
 -- every job this replica runs (in ARGV's order)
 -- ARGV: owner, lease_ms, max_attempts (0: renew only), ttl_ms, max_completed,
 -- budget_ms (0 none), overdue error text, then the ids this replica runs.
--- -> {renewed, requeued, failed (lost), timed out, forgotten, depth, {held ids whose
--- cancel was requested}}
+-- -> {renewed, requeued, failed (lost), timed out, forgotten, depth, {held ids to stop:
+-- their cancel was requested, or they are no longer running on this replica (its
+-- lease expired while it was cut off: the job ended or runs elsewhere)}}
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local max_attempts, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local budget = tonumber(ARGV[6])
@@ -16,6 +17,8 @@ for i = 8, #ARGV do
     redis.call('ZADD', K.leases, 'XX', now + lease, ARGV[i])
     renewed = renewed + 1
     if f[3] then table.insert(flagged, ARGV[i]) end
+  else
+    table.insert(flagged, ARGV[i])
   end
 end
 -- max_attempts 0: renew only (this replica has just reconnected; the others have
