@@ -80,8 +80,8 @@ def refusal_bytes(
 @dataclass(frozen=True)
 class EarlyResponse:
     """A complete response decided from the request line and headers alone (the
-    model server's answer to a head it refuses, :meth:`~mortred_twisted.http.edge.
-    EdgeBase.refuse_from_head`)."""
+    model server's answer to a head it refuses, :meth:`~mortred_twisted.http.
+    request_checks.RequestChecks.refuse_from_head`)."""
 
     status: int
     body: bytes

@@ -68,7 +68,7 @@ from mortred_twisted.gateway.routing import (
     resolve,
 )
 from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
-from mortred_twisted.http.edge import is_json_content_type
+from mortred_twisted.http.responder import is_json_content_type
 from mortred_twisted.http11.messages import StreamCut
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http11.upstream_stream import UpstreamStream

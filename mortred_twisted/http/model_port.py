@@ -16,12 +16,13 @@ once in its Klein app:
   endpoint Klein would run (404 and 405 through the same error handlers; a
   non-UTF-8 path is a 400 as in Klein).
 
-Handlers see a :class:`ModelPortRequest`: the part of ``IRequest`` they use. The
-port's policies: a request with a body is judged from its head by the app
-(:meth:`~mortred_twisted.http.edge.EdgeBase.refuse_from_head`: 404 → 405 → 401 → 415 →
-413), refusals carry ``X-Request-ID`` (the client's, else a fresh one), every finished
-request is counted by ``on_finished`` (metrics), and :meth:`ModelPortApp.when_idle`
-tells a stopping server when no request is in flight.
+Handlers see a :class:`~mortred_twisted.http.route_request.RouteRequest`: the part
+of ``IRequest`` they use. The port's policies: a request with a body is judged from
+its head by the app (:meth:`~mortred_twisted.http.request_checks.RequestChecks.
+refuse_from_head`: 404 → 405 → 401 → 415 → 413), refusals carry ``X-Request-ID``
+(the client's, else a fresh one), every finished request is counted by
+``on_finished`` (metrics), and :meth:`ModelPortApp.when_idle` tells a stopping
+server when no request is in flight.
 
 Thread contract: reactor thread only.
 """
@@ -122,8 +123,8 @@ class ModelPortApp:
         return route_with_klein(
             self._klein,
             request,
-            not_found=self._app._not_found,
-            method_not_allowed=self._app._method_not_allowed,
+            not_found=self._app.checks.not_found,
+            method_not_allowed=self._app.checks.method_not_allowed,
         )
 
 
@@ -163,7 +164,7 @@ class ModelPortFactory(HTTPServerFactory):
             access_log=access_log,
         )
         self.port_app = app
-        self._edge = app.model_app
+        self._checks = app.model_app.checks
         self._request_id = request_id
 
     @classmethod
@@ -202,9 +203,9 @@ class ModelPortFactory(HTTPServerFactory):
 
     def judge_head(self, request: ServerRequest, length: int) -> Refusal | None:
         """From the head of a request with a body: the model server's own decision
-        (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.edge.EdgeBase.
-        refuse_from_head`), shaped as the route would answer it."""
-        answer = self._edge.refuse_from_head(
+        (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.request_checks.
+        RequestChecks.refuse_from_head`), shaped as the route would answer it."""
+        answer = self._checks.refuse_from_head(
             request.method, request.uri, request.requestHeaders, length
         )
         return None if answer is None else self._refusal(request, answer)
@@ -212,7 +213,7 @@ class ModelPortFactory(HTTPServerFactory):
     def too_large(self, request: ServerRequest, length: int) -> Refusal:
         """A chunked body that grew over the limit: 413 in the route's shape."""
         headers = request.requestHeaders
-        answer = self._edge.early_reject(request.method, request.uri, headers, length)
+        answer = self._checks.early_reject(request.method, request.uri, headers, length)
         return self._refusal(request, answer)
 
     @staticmethod

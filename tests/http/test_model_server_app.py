@@ -206,6 +206,7 @@ def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
     """The hand-assembled status answer escapes free text exactly as json.dumps does."""
     from mortred_twisted.jobs.ledger import JobSnapshot
     from mortred_twisted.jobs.states import JobState
+    from mortred_twisted.jobs.status import status_body
 
     snap = JobSnapshot(
         job_id="job_00ff",
@@ -217,7 +218,7 @@ def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
         queued_ms=1,
         completed_unix=1764500000.123456,
     )
-    doc = json.loads(ModelServerApp._status_body(snap))
+    doc = json.loads(status_body(snap))
     assert doc == {
         "job_id": "job_00ff",
         "state": "failed",

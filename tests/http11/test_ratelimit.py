@@ -119,7 +119,7 @@ def test_a_malformed_client_address_falls_back_to_the_peer() -> None:
 
             return Peer()
 
-    assert app.client_ip(Request(b"192.0.2.7")) == "192.0.2.7"
-    assert app.client_ip(Request(b"2001:db8::1")) == "2001:db8::1"
-    assert app.client_ip(Request(b"not an address")) == "127.0.0.1"
-    assert app.client_ip(Request("☃".encode())) == "127.0.0.1"
+    assert app.checks.client_ip(Request(b"192.0.2.7")) == "192.0.2.7"
+    assert app.checks.client_ip(Request(b"2001:db8::1")) == "2001:db8::1"
+    assert app.checks.client_ip(Request(b"not an address")) == "127.0.0.1"
+    assert app.checks.client_ip(Request("☃".encode())) == "127.0.0.1"

@@ -42,6 +42,7 @@ def test_freezes_after_the_models_load(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
     app: Any = SimpleNamespace(
         config=Runtime().config, hot_routes=lambda: None, record_request=lambda request: None,
+        checks=SimpleNamespace(),
         app=SimpleNamespace(),
     )  # fmt: skip
     runtime = Runtime()

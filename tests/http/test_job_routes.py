@@ -16,7 +16,7 @@ from tests.http.test_model_server_app import make_app
 def stream(app: Any, job_id: str) -> tuple[DummyRequest, Any]:
     request = DummyRequest([b"jobs", job_id.encode(), b"events"])
     request.method = b"GET"
-    outcome = app.job_events(request, job_id)
+    outcome = app.jobs.job_events(request, job_id)
     return request, outcome
 
 
@@ -83,7 +83,7 @@ def test_cancelling_a_pending_job_releases_its_place_in_the_worker_queue() -> No
     clock.advance(0)
     request = DummyRequest([b"jobs", doomed.encode()])
     request.method = b"DELETE"
-    app.cancel_job(request, doomed)
+    app.jobs.cancel_job(request, doomed)
     assert request.responseCode == 200
     assert app.runtime.store.ledger.state(doomed) is JobState.CANCELLED
     threads.step()  # the first job ends; the worker goes to `after`, not `doomed`

@@ -1,22 +1,12 @@
-"""Shared plumbing of the model server's HTTP edge: responses, errors, pre-checks.
-
-:class:`EdgeBase` holds what every route needs — rendering JSON answers with the
-contract's headers, the error table applied to envelopes and job bodies, bearer
-auth, the POST pre-checks (401 → 415 → 413, and the header-time 413 answer that
-keeps 405 → 401 → 415 → 413), readiness, per-client rate limits, envelope parsing
-plus model validation, and per-request metrics. :class:`ModelServerApp` adds the
-routes. Thread contract: reactor thread only.
-
-Every JSON answer carries ``X-Request-ID``: the ``req_id`` its body names (sync
-envelopes, ``/result``), else the request's own ``X-Request-ID``, else a fresh
-``req_…`` id; written through :func:`~mortred_twisted.http.answers.header_value`, so a
-non-ASCII id cannot break the head (it is percent-encoded).
-"""
+"""The model port's checks before a route runs: bearer auth, the POST pre-checks
+(401 → 415 → 413), the answer to a head that announces a body (404 → 405 → 401 →
+415 → 413, before any of it is read), readiness, per-client rate limits, envelope
+parsing plus model validation, routing errors, and per-request metrics (edge,
+reactor thread only)."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +18,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
-from mortred_twisted.http.answers import REASONS, EarlyResponse, header_value
+from mortred_twisted.http.answers import EarlyResponse
 from mortred_twisted.http.auth import (
     CLIENT_IP_HEADER,
     WWW_AUTHENTICATE,
@@ -37,34 +27,30 @@ from mortred_twisted.http.auth import (
 )
 from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
 from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.responder import Responder, is_json_content_type, json_bytes
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
-JSON_TYPE = b"application/json; charset=utf-8"
 
+class RequestChecks:
+    """The checks of one model server. ``klein``: its Klein app (the route table,
+    whose werkzeug map decides 404/405 from a head)."""
 
-def json_bytes(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        responder: Responder,
+        klein: Any,
+        rate_limiter: RateLimiter | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.config: ServerConfig = runtime.config
+        self.responder = responder
+        self.klein = klein
+        self.token: str | None = self.config.auth_token or None
+        self._rate_limiter = rate_limiter
 
-
-def is_json_content_type(value: bytes | None) -> bool:
-    """``application/json`` (any charset) or a ``+json`` type."""
-    if value is None:
-        return False
-    mime = value.split(b";", 1)[0].strip().lower()
-    return mime == b"application/json" or mime.endswith(b"+json")
-
-
-class EdgeBase:
-    """Plumbing for the routes; subclasses set the attributes below in ``__init__``."""
-
-    runtime: ModelRuntime
-    config: ServerConfig
-    app: Any  # the Klein app (its werkzeug map decides 404/405 from a head)
-    _token: str | None
-    _rate_limiter: RateLimiter | None
-
-    def _instrumented(self, label: str, handler: Callable) -> Callable:
+    def instrumented(self, label: str, handler: Callable) -> Callable:
         """Tag the request with its route and start time; :meth:`record_request`
         (called by the site when the response is finished) counts it."""
 
@@ -84,77 +70,30 @@ class EdgeBase:
             elapsed_ms = (time.perf_counter() - request.mortred_started) * 1000.0
             self.runtime.metrics.http.record(label, request.code, elapsed_ms)
 
-    def _headers(self, request: IRequest, req_id: str | None) -> None:
-        request.setHeader(b"Content-Type", JSON_TYPE)
-        request.setHeader(b"Cache-Control", b"no-store")
-        request.setHeader(b"X-Request-ID", header_value(req_id or self._request_id(request)))
-
-    def _respond(
-        self,
-        request: IRequest,
-        status: int,
-        body: bytes,
-        req_id: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> bytes:
-        request.setResponseCode(status, REASONS.get(status))
-        self._headers(request, req_id)
-        request.setHeader(b"Content-Length", str(len(body)).encode())
-        for name, value in (headers or {}).items():
-            request.setHeader(name.encode("ascii"), header_value(value))
-        return body
-
-    def _envelope_error(self, request: IRequest, err: ApiError, req_id: str) -> bytes:
-        return self._respond(
-            request, err.http_status, render_error(req_id, err.code, err.message), req_id,
-            err.headers,
-        )  # fmt: skip
-
-    def _job_error(self, request: IRequest, err: ApiError, req_id: str | None = None) -> bytes:
-        body = json_bytes({"error": err.message, "code": err.code})
-        return self._respond(request, err.http_status, body, req_id, err.headers)
-
-    @staticmethod
-    def _header(request: IRequest, name: bytes) -> bytes | None:
-        return request.requestHeaders.getRawHeaders(name, [None])[0]
-
-    def _request_id_header(self, request: IRequest) -> str | None:
-        raw = self._header(request, b"x-request-id")
-        return raw.decode("utf-8", "replace")[:256] if raw else None
-
-    def _request_id(self, request: IRequest) -> str:
-        """The request's ``X-Request-ID``, else a fresh ``req_…`` id (kept on the
-        request so every use in one answer agrees)."""
-        rid = getattr(request, "mortred_request_id", None)
-        if rid is None:
-            rid = self._request_id_header(request) or new_request_id()
-            request.mortred_request_id = rid  # type: ignore[attr-defined]
-        return rid
-
-    def _auth_error(self, headers: Headers) -> ApiError | None:
-        if self._token is None:
+    def auth_error(self, headers: Headers) -> ApiError | None:
+        if self.token is None:
             return None
         given = bearer_token(headers.getRawHeaders(b"authorization", [None])[0])
-        if token_matches(given, self._token):
+        if token_matches(given, self.token):
             return None
         message = "missing bearer token" if given is None else "invalid bearer token"
         return ApiError(E.UNAUTHORIZED, message, {"WWW-Authenticate": WWW_AUTHENTICATE})
 
-    def _post_prechecks(self, request: IRequest) -> ApiError | None:
+    def post_prechecks(self, request: IRequest) -> ApiError | None:
         """401 → 415 → 413, from headers (the body limit was enforced while reading)."""
-        err = self._auth_error(request.requestHeaders)
+        err = self.auth_error(request.requestHeaders)
         if err is not None:
             return err
-        if not is_json_content_type(self._header(request, b"content-type")):
+        if not is_json_content_type(self.responder.header(request, b"content-type")):
             return ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
         content = request.content
         size = content.seek(0, 2)
         content.seek(0)
         if size > self.config.request_size_limit_bytes:
-            return self._too_large()
+            return self.too_large()
         return None
 
-    def _too_large(self) -> ApiError:
+    def too_large(self) -> ApiError:
         return ApiError(
             E.ENTITY_TOO_LARGE,
             f"request body exceeds request_size_limit ({self.config.request_size_limit} MB)",
@@ -166,7 +105,7 @@ class EdgeBase:
         """The response for a body over the limit, honouring 405 → 401 → 415 → 413."""
         answer = self.refuse_from_head(method, path, headers, length)
         if answer is None:  # within the limit after all (a chunked body that grew)
-            answer = self._early_response(path, headers, self._too_large())
+            answer = self.early_response(path, headers, self.too_large())
         return answer
 
     def refuse_from_head(
@@ -181,7 +120,7 @@ class EdgeBase:
             path_info = unquote_to_bytes(route_path).decode("utf-8")
         except UnicodeDecodeError:
             path_info = ""
-        mapper = self.app.url_map.bind(
+        mapper = self.klein.url_map.bind(
             "localhost", path_info=path_info, default_method=method.decode("latin-1")
         )
         err: ApiError | None = None
@@ -193,17 +132,17 @@ class EdgeBase:
         except NotFound:
             err = ApiError(E.NOT_FOUND, f"not found: {route_path.decode('latin-1')}")
         if err is None:
-            err = self._auth_error(headers)
+            err = self.auth_error(headers)
         content_type = headers.getRawHeaders(b"content-type", [None])[0]
         if err is None and method.upper() == b"POST" and not is_json_content_type(content_type):
             err = ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
         if err is None and length > self.config.request_size_limit_bytes:
-            err = self._too_large()
+            err = self.too_large()
         if err is None:
             return None
-        return self._early_response(path, headers, err)
+        return self.early_response(path, headers, err)
 
-    def _early_response(self, path: bytes, headers: Headers, err: ApiError) -> EarlyResponse:
+    def early_response(self, path: bytes, headers: Headers, err: ApiError) -> EarlyResponse:
         """``err`` as the route would render it (job routes: ``{"error", "code"}``;
         the sync route: an envelope), with ``X-Request-ID``."""
         route_path = path.split(b"?", 1)[0].decode("latin-1")
@@ -217,7 +156,7 @@ class EdgeBase:
         hdrs = {**err.headers, "X-Request-ID": req_id}
         return EarlyResponse(err.http_status, body, hdrs)
 
-    def _not_ready(self) -> ApiError:
+    def not_ready(self) -> ApiError:
         rt = self.runtime
         detail = f": {rt.load_error}" if rt.load_error else ""
         return ApiError(E.NOT_READY, f"model not ready ({rt.readiness.value}){detail}")
@@ -228,8 +167,8 @@ class EdgeBase:
         by the gateway, which authenticates with the internal token; a request that
         reached this point on such a server carried the token). Without a token the
         header is ignored, so a client cannot pick its own bucket."""
-        if self._token is not None:
-            named = self._header(request, CLIENT_IP_HEADER)
+        if self.token is not None:
+            named = self.responder.header(request, CLIENT_IP_HEADER)
             if named:
                 try:
                     return str(ipaddress.ip_address(named.decode("ascii").strip()))
@@ -237,7 +176,7 @@ class EdgeBase:
                     pass
         return str(getattr(request.getClientAddress(), "host", "unknown"))
 
-    def _rate_limited(self, request: IRequest) -> ApiError | None:
+    def rate_limited(self, request: IRequest) -> ApiError | None:
         if self._rate_limiter is None:
             return None
         retry = self._rate_limiter.acquire(self.client_ip(request), self.config.rate_limit_qps)
@@ -249,13 +188,14 @@ class EdgeBase:
             {"Retry-After": str(retry)},
         )
 
-    def _parse_and_validate(self, request: IRequest, job_fields: dict[str, Any] | None = None):
+    def parse_and_validate(self, request: IRequest, job_fields: dict[str, Any] | None = None):
         """400 → 503 → 422: parse the envelope and let the model validate params
         (job-only envelope fields go into ``job_fields`` when given)."""
-        parsed = parse_envelope(request.content.read(), self._request_id(request), job_fields)
+        req_id = self.responder.request_id(request)
+        parsed = parse_envelope(request.content.read(), req_id, job_fields)
         rt = self.runtime
         if not rt.ready or rt.validator is None:
-            raise self._not_ready()
+            raise self.not_ready()
         try:
             return rt.validator.validate(parsed), parsed.req_id
         except Exception as exc:
@@ -263,14 +203,14 @@ class EdgeBase:
 
     # -- errors from routing ----------------------------------------------------------
 
-    def _method_not_allowed(self, request: IRequest, failure: Any) -> bytes:
+    def method_not_allowed(self, request: IRequest, failure: Any) -> bytes:
         allow = ", ".join(sorted(failure.value.valid_methods or []))
         err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
         if request.path.startswith(b"/jobs"):
-            return self._job_error(request, err)
-        return self._envelope_error(request, err, self._request_id(request))
+            return self.responder.job_error(request, err)
+        return self.responder.envelope_error(request, err, self.responder.request_id(request))
 
-    def _not_found(self, request: IRequest, failure: Any) -> bytes:
+    def not_found(self, request: IRequest, failure: Any) -> bytes:
         path = request.path.decode("latin-1")
         err = ApiError(E.NOT_FOUND, f"not found: {path}")
-        return self._job_error(request, err)
+        return self.responder.job_error(request, err)

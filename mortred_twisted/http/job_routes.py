@@ -1,0 +1,475 @@
+"""The job routes of a model port: submit, status, wait, result, cancel, listing, live
+events, and whose job is whose.
+
+Routes (docs/api.md § "Beyond the seed"): ``DELETE /jobs/{id}`` (cancel),
+``GET /jobs?state=&limit=&cursor=`` (listing, newest first), ``GET
+/jobs/{id}/events`` (server-sent events). Composed into
+:class:`~mortred_twisted.http.model_server.ModelServerApp` from the runtime, a
+:class:`~mortred_twisted.http.responder.Responder` and the
+:class:`~mortred_twisted.http.request_checks.RequestChecks`; thin: check, one call
+into the store/runner, render.
+
+**Callers.** A job belongs to the *principal* that submitted it. On a model port the
+principal is ``X-Mortred-Principal`` when the server has an ``auth_token`` (every
+request that reached a route then carried it: the gateway, which names the API key
+it authenticated), else the port itself (``""``). ``X-Mortred-Principal-Scope:
+all`` (same condition) lets a caller list every job. Without a principal header the
+port's own token holder sees every job. Idempotency keys are scoped per principal.
+Every job route answers another principal's job exactly as an unknown id (404):
+status, wait, result, events and cancel (which leaves that job alone).
+
+Thread contract: reactor thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.web.iweb import IRequest
+
+from mortred_twisted.http import errors as E
+from mortred_twisted.http.envelope import render_success
+from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.request_checks import RequestChecks
+from mortred_twisted.http.responder import Responder, json_bytes
+from mortred_twisted.http11 import sse
+from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
+from mortred_twisted.jobs.ledger import Admission, JobPage, JobSnapshot, ResultLookup
+from mortred_twisted.jobs.states import CancelOutcome, JobState
+from mortred_twisted.jobs.status import status_body
+from mortred_twisted.jobs.store import settle, then
+from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
+from mortred_twisted.runtime.deadline import DeadlineExpired, within
+from mortred_twisted.runtime.job_events import events_counter
+
+PRINCIPAL_HEADER = b"X-Mortred-Principal"
+PRINCIPAL_SCOPE_HEADER = b"X-Mortred-Principal-Scope"
+MAX_PRINCIPAL_LENGTH = 128
+LIST_DEFAULT_LIMIT = 50
+LIST_MAX_LIMIT = 500
+HEARTBEAT_S = 15.0
+STATES_BY_NAME = {s.value: s for s in JobState}
+WAIT_DEFAULT_MS = 30_000
+WAIT_CAP_MS = 300_000
+
+
+def parse_wait_timeout(raw: bytes | None) -> int:
+    """The wait budget in ms: default 30000, capped at 300000; ValueError if invalid."""
+    if raw is None or raw == b"":
+        return WAIT_DEFAULT_MS
+    text = raw.decode("latin-1").strip()
+    if not text.isdigit():
+        raise ValueError(text)
+    return min(int(text), WAIT_CAP_MS)
+
+
+class JobRoutes:
+    """The job routes of one model server (see the module docstring)."""
+
+    def __init__(self, runtime: Any, responder: Responder, checks: RequestChecks) -> None:
+        self.runtime = runtime
+        self.config = runtime.config
+        self.responder = responder
+        self.checks = checks
+
+    # -- who is asking ------------------------------------------------------------
+
+    def principal(self, request: IRequest) -> tuple[str, bool]:
+        """``(owner, sees_every_job)`` of this request (see the module docstring)."""
+        if self.checks.token is None:
+            return "", True
+        raw = request.requestHeaders.getRawHeaders(PRINCIPAL_HEADER, [None])[0]
+        if not raw:
+            return "", True
+        name = raw.decode("utf-8", "replace").strip()[:MAX_PRINCIPAL_LENGTH]
+        scope = request.requestHeaders.getRawHeaders(PRINCIPAL_SCOPE_HEADER, [b""])[0]
+        return name, scope.strip().lower() == b"all"
+
+    def visible(self, request: IRequest, snap: JobSnapshot | None) -> JobSnapshot | None:
+        """``snap`` if this request's caller may see that job, else None: another
+        caller's job is answered exactly as an unknown id (404), so ids cannot be
+        probed. Callers with the ``all`` scope (and the port's own token holder)
+        see every job."""
+        if snap is None:
+            return None
+        owner, sees_all = self.principal(request)
+        return snap if sees_all or snap.owner == owner else None
+
+    def owns(self, request: IRequest, job_id: str) -> Any:
+        """Whether this request's caller may act on ``job_id`` (a bool, or a Deferred
+        of one on a shared store); True without a read for callers that see all."""
+        _, sees_all = self.principal(request)
+        if sees_all:
+            return True
+        return then(
+            self.runtime.store.snapshot(job_id), lambda s: self.visible(request, s) is not None
+        )
+
+    # -- cancel -------------------------------------------------------------------
+
+    def cancel_job(self, request: IRequest, job_id: str) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+
+        def cancel(visible: bool) -> Any:
+            if not visible:  # another caller's job: as unknown, and left alone
+                return self.responder.lookup_error(request, job_id)
+            return then(
+                self.runtime.store.cancel(job_id),
+                lambda out: self._cancelled(request, job_id, *out, rid),
+            )
+
+        answer = then(self.owns(request, job_id), cancel)
+        return self.responder.store_errors(request, answer, rid)
+
+    def _cancelled(
+        self,
+        request: IRequest,
+        job_id: str,
+        outcome: CancelOutcome,
+        snap: JobSnapshot | None,
+        rid: str | None,
+    ) -> bytes:
+        rt = self.runtime
+        if outcome is CancelOutcome.UNKNOWN or snap is None:
+            return self.responder.lookup_error(request, job_id)
+        if outcome is CancelOutcome.FINISHED:
+            conflict = ApiError(
+                E.JOB_NOT_FINISHED, f"job already finished (state: {snap.state.value})"
+            )
+            return self.responder.job_error(request, conflict, rid)
+        if rt.runner is not None:
+            rt.runner.cancel(job_id)
+        if outcome is CancelOutcome.CANCELLED:
+            # A pending job ended here: what the runner's terminal step does.
+            rt.metrics.job_events["cancelled"].inc()
+            rt.counters.count_by_name(job_id, None)
+            rt.events.ended(job_id)
+            return self.responder.respond(request, 200, status_body(snap), rid)
+        return self.responder.respond(request, 202, status_body(snap), rid)
+
+    # -- listing ------------------------------------------------------------------
+
+    def list_jobs(self, request: IRequest) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+        try:
+            states, limit, cursor = parse_list_query(request.args)
+        except ValueError as exc:
+            bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
+            return self.responder.job_error(request, bad, rid)
+        owner, sees_all = self.principal(request)
+        try:
+            page = self.runtime.store.list_jobs(
+                owner=None if sees_all else owner, states=states, limit=limit, cursor=cursor
+            )
+        except ValueError as exc:
+            bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
+            return self.responder.job_error(request, bad, rid)
+        answer = then(page, lambda p: self.responder.respond(request, 200, _page_body(p), rid))
+        return self.responder.store_errors(request, answer, rid)
+
+    # -- live events --------------------------------------------------------------
+
+    def job_events(self, request: IRequest, job_id: str) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+        first = self.runtime.store.snapshot(job_id)
+
+        def start(snap: JobSnapshot | None) -> Any:
+            snap = self.visible(request, snap)
+            if snap is None:
+                return self.responder.lookup_error(request, job_id)
+            return Deferred.fromCoroutine(self._stream(request, job_id, snap, rid))
+
+        return self.responder.store_errors(request, then(first, start), rid)
+
+    async def _stream(
+        self, request: IRequest, job_id: str, snap: JobSnapshot, rid: str | None
+    ) -> bytes:
+        """Write the job's events until it is terminal (or the client leaves: Klein
+        then cancels this coroutine, which removes its counter)."""
+        rt = self.runtime
+        request.setResponseCode(200)
+        self.responder.headers(request, rid)
+        request.setHeader(b"Content-Type", sse.CONTENT_TYPE)
+        request.setHeader(b"Cache-Control", b"no-cache")
+        request.setHeader(b"X-Accel-Buffering", b"no")  # tell proxies not to buffer
+        rt.metrics.event_streams.inc()
+        seq = 0
+        try:
+            request.write(sse.retry(2000))
+            seq += 1
+            request.write(_event(snap, seq, initial=True))
+            last = _key(snap)
+            while not snap.terminal:
+                woke = rt.counters.counter(events_counter(job_id), 1)
+                # Named counters are counted for the terminal event as well; a
+                # shared store's events may arrive between the read and the
+                # counter, so read again once it is registered.
+                again = await settle(rt.store.snapshot(job_id))
+                if again is None or _key(again) != last:
+                    woke.addErrback(lambda _f: None)
+                    woke.cancel()
+                else:
+                    try:
+                        await within(rt.clock, woke, HEARTBEAT_S, cancel_on_expiry=True)
+                    except DeadlineExpired:
+                        request.write(sse.comment("ping"))
+                        continue
+                    again = await settle(rt.store.snapshot(job_id))
+                if again is None:  # evicted (retention) while we streamed
+                    break
+                snap = again
+                current = _key(snap)
+                if current != last:
+                    seq += 1
+                    request.write(_event(snap, seq, initial=False, previous=last[0]))
+                    last = current
+        finally:
+            rt.metrics.event_streams.dec()
+        return b""
+
+    # -- submit, status, wait, result ----------------------------------------------
+
+    def jobs_disabled(self) -> ApiError | None:
+        if self.config.async_enabled:
+            return None
+        return ApiError(E.NOT_FOUND, "async jobs are not enabled on this server")
+
+    def _job_urls(self, job_id: str) -> dict[str, str]:
+        return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
+
+    def submit_job(self, request: IRequest) -> bytes:
+        req_id = self.responder.request_id(request)
+        err = self.jobs_disabled() or self.checks.post_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err, req_id)
+        rt = self.runtime
+        job_fields: dict[str, Any] = {}
+        try:
+            key = check_key(self.responder.header(request, b"idempotency-key"))
+            valid, req_id = self.checks.parse_and_validate(request, job_fields)
+            webhook = self._webhook_target(job_fields)
+            err = self.checks.rate_limited(request)
+            if err is not None:
+                raise err
+        except BadIdempotencyKey as exc:
+            bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
+            return self.responder.job_error(request, bad)
+        except Exception as exc:
+            return self.responder.job_error(request, to_api_error(exc), req_id)
+        owner, _ = self.principal(request)
+        fp = ""
+        if key is not None:
+            request.content.seek(0)
+            fp = fingerprint(request.content.read())
+        admitted = rt.store.admit(
+            valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook
+        )
+        answer = then(admitted, lambda a: self._admitted(request, a, req_id))
+        return self.responder.store_errors(request, answer, req_id)
+
+    def _webhook_target(self, fields: dict[str, Any]) -> tuple[str, frozenset[str]] | None:
+        """The submitted ``webhook`` and its events, checked against the allowlist."""
+        if "webhook" not in fields:
+            if "webhook_events_filter" in fields:
+                raise ApiError(E.INVALID_REQUEST, "webhook_events_filter: needs a webhook")
+            return None
+        try:
+            url = check_target(fields["webhook"], frozenset(self.config.webhook_allowed_hosts))
+            events = parse_events_filter(fields.get("webhook_events_filter"))
+        except WebhookRejected as exc:
+            raise ApiError(E.INVALID_REQUEST, f"invalid request: {exc}") from None
+        return url, events
+
+    def _admitted(self, request: IRequest, admission: Admission, req_id: str) -> bytes:
+        rt = self.runtime
+        job_id = admission.job_id
+        if admission.conflict:
+            conflict = ApiError(
+                E.INVALID_REQUEST,
+                "Idempotency-Key: already used for a different request body",
+            )
+            return self.responder.job_error(request, conflict, req_id)
+        if job_id is None:
+            rt.metrics.async_rejected.inc()
+            full = ApiError(
+                E.TOO_MANY_REQUESTS,
+                f"async queue full (max {rt.store.max_queue})",
+                {"Retry-After": rt.retry_after("async")},
+            )
+            return self.responder.job_error(request, full, req_id)
+        headers = {"Location": f"/jobs/{job_id}"}
+        if admission.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        else:
+            rt.metrics.job_events["submitted"].inc()
+            assert rt.runner is not None
+            if rt.store.pull:
+                rt.runner.kick()  # a free worker here takes it (or another replica's)
+            else:
+                rt.runner.start(job_id)
+        body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}
+        return self.responder.respond(request, 202, json_bytes(body), req_id, headers)
+
+    @staticmethod
+    def _status_body(snap: JobSnapshot) -> bytes:
+        return status_body(snap)
+
+    def job_get_prechecks(self, request: IRequest) -> ApiError | None:
+        return self.jobs_disabled() or self.checks.auth_error(request.requestHeaders)
+
+    def job_status(self, request: IRequest, job_id: str) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+        snap = self.runtime.store.snapshot(job_id)
+        return self.responder.store_errors(
+            request,
+            then(
+                snap, lambda s: self._status_answer(request, job_id, self.visible(request, s), rid)
+            ),
+            rid,
+        )
+
+    def _status_answer(
+        self, request: IRequest, job_id: str, snap: JobSnapshot | None, rid: str | None
+    ) -> bytes:
+        if snap is None:
+            return self.responder.lookup_error(request, job_id)
+        return self.responder.respond(request, 200, self._status_body(snap), rid)
+
+    def job_wait(self, request: IRequest, job_id: str) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        try:
+            budget_ms = parse_wait_timeout(request.args.get(b"timeout", [None])[0])
+        except ValueError as exc:
+            bad = ApiError(E.INVALID_REQUEST, f"invalid timeout: {exc}", status=400)
+            return self.responder.job_error(request, bad)
+        rid = self.responder.request_id_header(request)
+        snap = self.runtime.store.snapshot(job_id)
+        answer = then(
+            snap, lambda s: self._wait_on(request, job_id, self.visible(request, s), budget_ms, rid)
+        )
+        return self.responder.store_errors(request, answer, rid)
+
+    def _wait_on(
+        self, request: IRequest, job_id: str, snap: JobSnapshot | None, budget_ms: int,
+        rid: str | None,
+    ) -> Any:  # fmt: skip
+        rt = self.runtime
+        if snap is None:
+            return self.responder.lookup_error(request, job_id)
+        if snap.terminal:
+            rt.metrics.wait_wakeups.labels(reason="immediate").inc()
+            return self.responder.respond(request, 200, self._status_body(snap), rid)
+        woke = within(
+            rt.clock, rt.counters.counter(job_id, 1), budget_ms / 1000.0, cancel_on_expiry=True
+        )
+        if rt.store.shared:
+            # The job may end on another replica between the read above and the
+            # counter: read again now that the counter is registered (an event
+            # after this point counts it), so no wake-up is lost.
+            def recheck(again: JobSnapshot | None) -> None:
+                if again is None or again.terminal:
+                    rt.counters.count_by_name(job_id, None)
+
+            then(rt.store.snapshot(job_id), recheck).addErrback(lambda _f: None)
+        # A memory store changes state on this (the reactor) thread only, so
+        # nothing can slip in between the terminal check and the counter.
+
+        def answer(reason: str) -> Any:
+            rt.metrics.wait_wakeups.labels(reason=reason).inc()
+            current = rt.store.snapshot(job_id)
+            return then(current, lambda c: self._status_answer(request, job_id, c, rid))
+
+        def on_budget(failure: Any) -> Any:
+            failure.trap(DeadlineExpired)
+            return answer("budget")
+
+        out: Deferred[bytes] = woke.addCallbacks(lambda _name: answer("terminal"), on_budget)
+        return out
+
+    def job_result(self, request: IRequest, job_id: str) -> Any:
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+        store = self.runtime.store
+
+        def take(visible: bool) -> Any:
+            if not visible:
+                return self.responder.lookup_error(request, job_id)
+            lookup = store.take_result(job_id)
+            return then(lookup, lambda found: self._result_answer(request, job_id, found))
+
+        return self.responder.store_errors(request, then(self.owns(request, job_id), take), rid)
+
+    def _result_answer(self, request: IRequest, job_id: str, lookup: ResultLookup) -> bytes:
+        if not lookup.found:
+            return self.responder.lookup_error(request, job_id)
+        if not lookup.done:
+            assert lookup.state is not None
+            conflict = ApiError(
+                E.JOB_NOT_FINISHED, f"job not finished (state: {lookup.state.value})"
+            )
+            return self.responder.job_error(request, conflict)
+        return self.responder.respond(
+            request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id
+        )
+
+
+def _key(snap: JobSnapshot) -> tuple[Any, ...]:
+    """What an event stream reports a change of."""
+    return (snap.state, snap.progress, snap.cancel_requested)
+
+
+def _event(snap: JobSnapshot, seq: int, *, initial: bool, previous: Any = None) -> bytes:
+    if snap.terminal:
+        name = snap.state.value
+    elif initial or snap.state is not previous:
+        name = "state"
+    else:
+        name = "progress"
+    return sse.event(name, status_body(snap).decode("utf-8"), seq)
+
+
+def _page_body(page: JobPage) -> bytes:
+    jobs = b",".join(status_body(s) for s in page.jobs)
+    cursor = json_bytes(page.next_cursor)
+    return b'{"jobs":[' + jobs + b'],"next_cursor":' + cursor + b"}"
+
+
+def parse_list_query(
+    args: dict[bytes, list[bytes]],
+) -> tuple[frozenset[JobState] | None, int, str | None]:
+    """``state`` (comma list), ``limit`` (1–500, default 50), ``cursor``; ValueError."""
+    states: frozenset[JobState] | None = None
+    raw_states = args.get(b"state", [b""])[0].decode("utf-8", "replace").strip()
+    if raw_states:
+        names = [n.strip() for n in raw_states.split(",") if n.strip()]
+        unknown = [n for n in names if n not in STATES_BY_NAME]
+        if unknown:
+            raise ValueError(
+                f"unknown state {unknown[0][:32]!r} (known: {', '.join(STATES_BY_NAME)})"
+            )
+        states = frozenset(STATES_BY_NAME[n] for n in names)
+    raw_limit = args.get(b"limit", [b""])[0].decode("ascii", "replace").strip()
+    limit = LIST_DEFAULT_LIMIT
+    if raw_limit:
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_MAX_LIMIT:
+            raise ValueError(f"limit must be an integer from 1 to {LIST_MAX_LIMIT}")
+        limit = int(raw_limit)
+    cursor = args.get(b"cursor", [b""])[0].decode("ascii", "replace").strip() or None
+    return states, limit, cursor
