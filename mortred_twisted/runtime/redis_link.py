@@ -20,14 +20,14 @@ client certificate when given):
 
 **Silent connections.** A connection that stops answering (Redis hung, a NAT or
 firewall that dropped the flow, a failover: the socket stays open, nothing comes
-back) is found by one watchdog: every ``timeout_s / 6`` it looks at each
+back) is found by one watchdog: every ``timeout_s / 10`` it looks at each
 connection's oldest unanswered command (replies come in order) and sends a ``PING``
-on each connection whose last one was ``timeout_s / 3`` ago (subscribed mode allows
+on each connection whose last one was ``timeout_s / 4`` ago (subscribed mode allows
 ``PING``). A command or ``PING`` unanswered for ``timeout_s`` aborts the connection;
 its keeper connects a new one, which logs in, loads scripts or resubscribes
 and runs ``on_connected``/``on_subscribed``. Worst case from the moment a link goes
-silent to the abort: ``timeout_s / 3 + timeout_s + timeout_s / 6`` (4.5 s at the
-default 3 s). The sockets also get TCP keepalive.
+silent to the abort: ``timeout_s / 4 + timeout_s + 2 × timeout_s / 10`` (4.35 s at
+the default 3 s). The sockets also get TCP keepalive.
 
 **Metrics** (when a ``registry`` is given): ``mortred_redis_reconnects_total
 {connection}`` (connections made after the first, per connection) and
@@ -284,7 +284,7 @@ class RedisLink:
     def start(self) -> None:
         self._commands.start()
         self._events.start()
-        self._watchdog.start(self._reply_timeout_s / 6, now=False)
+        self._watchdog.start(self._reply_timeout_s / 10, now=False)
 
     def stop(self) -> Deferred[Any]:
         self._conn = self._sub = None
@@ -429,7 +429,7 @@ class RedisLink:
                 )  # fmt: skip
                 watched.proto = None
                 proto.transport.abortConnection()
-            elif watched.ping_sent is None and now - watched.last_ping >= self._reply_timeout_s / 3:
+            elif watched.ping_sent is None and now - watched.last_ping >= self._reply_timeout_s / 4:
                 self._ping(watched, proto, now)
 
     def _ping(self, watched: _Watched, proto: RespConnection, now: float) -> None:

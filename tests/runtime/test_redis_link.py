@@ -288,8 +288,8 @@ async def test_a_half_open_link_is_noticed_replaced_and_what_it_missed_is_read_a
     proxied: tuple[TcpProxy, RedisAddress, RedisAddress],
 ) -> None:
     """Every connection of replica A goes silent for good (new ones work): A notices on
-    both connections within the redis_timeout_ms budget (default 3 s: ping after
-    1 s, 3 s unanswered), reconnects, and then applies what it missed meanwhile — the
+    both connections within ~1.5 x redis_timeout_ms (default 3 s: ping after
+    0.75 s idle, 3 s unanswered), reconnects, and then applies what it missed meanwhile — the
     cancel of the job it runs, the end of the job its waiter waits for."""
     proxy, through, direct = proxied
     model_id = "H" + uuid.uuid4().hex[:8]
@@ -321,7 +321,7 @@ async def test_a_half_open_link_is_noticed_replaced_and_what_it_missed_is_read_a
         assert told[0] == running and await woke == waited
         assert reconnects(registry, "commands") == 1 and reconnects(registry, "events") == 1
 
-        async def pinged() -> bool:  # the new subscriber's first PING (after 1 s)
+        async def pinged() -> bool:  # the new subscriber's first PING (after 0.75 s)
             labels = {"connection": "events"}
             return bool(registry.get_sample_value("mortred_redis_round_trip_ms_count", labels))
 
