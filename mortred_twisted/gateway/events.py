@@ -1,4 +1,5 @@
-"""Relaying a job's event stream to a gateway client as it arrives (reactor thread).
+"""Relaying a job's event stream to a client as it arrives: the gateway's and the
+supervisor's one relay (reactor thread).
 
 :func:`relay` takes the model's answer to ``GET /jobs/{job}/events`` once its head is
 in (an :class:`~mortred_twisted.http11.upstream_stream.UpstreamStream`, status and headers
@@ -21,7 +22,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from mortred_twisted.gateway.rewrite import EventRecords, gateway_prefix
+from mortred_twisted.gateway.rewrite import EventRecords
 from mortred_twisted.http11.upstream_stream import UpstreamStream
 
 EVENT_STREAM = b"text/event-stream"
@@ -33,22 +34,29 @@ def is_event_stream(stream: UpstreamStream) -> bool:
     return stream.code == 200 and ctype.startswith(EVENT_STREAM)
 
 
-def relay(stream: UpstreamStream, request: Any, model_id: str) -> defer.Deferred[bytes]:
-    """See the module docstring."""
+def relay(stream: UpstreamStream, request: Any, prefix: str) -> defer.Deferred[bytes]:
+    """See the module docstring. ``prefix``: where the client finds the job
+    (:func:`~.rewrite.gateway_prefix`, :func:`~.rewrite.supervisor_prefix`). The
+    stream is the request's producer: a client that does not read pauses it."""
     if not is_event_stream(stream):
         return stream.read_all().addCallback(_whole, request)
     request.setHeader(b"X-Accel-Buffering", b"no")  # nor should any proxy after us
     request.write(b"")  # the head now, before the first record
-    records = EventRecords(gateway_prefix(model_id))
+    records = EventRecords(prefix)
     write = request.write
+    request.registerProducer(stream, True)
 
     def forward(data: bytes) -> None:
         out = records.feed(data)
         if out:
             write(out)
 
+    def ended(result: Any) -> Any:
+        request.unregisterProducer()
+        return result
+
     stream.start(forward)
-    return stream.done.addCallback(lambda _: records.flush())
+    return stream.done.addBoth(ended).addCallback(lambda _: records.flush())
 
 
 def _whole(body: bytes, request: Any) -> bytes:

@@ -57,7 +57,7 @@ from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
 from mortred_twisted.gateway.events import is_event_stream, relay
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.rewrite import public_job_path, rewrite_job_urls
+from mortred_twisted.gateway.rewrite import gateway_prefix, public_job_path, rewrite_job_urls
 from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
@@ -422,7 +422,7 @@ class GatewayApp:
         request.setResponseCode(code)
         self._copy_headers(stream.headers, request.responseHeaders)
         hot.count(label, str(code))
-        d = relay(stream, request, route.entry.id)
+        d = relay(stream, request, gateway_prefix(route.entry.id))
         if is_event_stream(stream):
             d.addErrback(self._broke_off, route)
         else:

@@ -67,6 +67,11 @@ class RouteRequest:
         """The next piece of a streamed answer (the head goes out with the first)."""
         self._proxy.write(data)
 
+    @property
+    def started(self) -> bool:
+        """A streamed answer's head was sent (an error can no longer be answered)."""
+        return bool(self._proxy.started)
+
     def registerProducer(self, producer: Any, streaming: bool = True) -> None:
         """A streamed answer's source, paused while the client does not read."""
         self._proxy.registerProducer(producer, streaming)

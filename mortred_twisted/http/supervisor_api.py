@@ -7,8 +7,9 @@ Server actions answer 202 at once with the new state; clients follow
 internal token (it is the operator's try-it and jobs-page path, not the public one:
 without a principal header a model lists every job) and rewrites job URLs to
 ``/api/v1/jobs/<id>/<job>``. ``GET /api/v1/jobs/<id>/<job>/events`` is relayed as a
-stream (:mod:`mortred_twisted.http.event_relay`): each event reaches the browser as
-the model writes it, and a browser that leaves closes the model's stream. Reactor
+stream by the gateway's relay (:mod:`mortred_twisted.gateway.events`): each event
+reaches the browser as the model writes it, and a browser that leaves closes the
+model's stream. Reactor
 thread only.
 
 Served by the project's HTTP/1.1 server (:meth:`SupervisorApi.http_server`), with the
@@ -33,25 +34,24 @@ from urllib.parse import urlencode
 from klein import Klein
 from prometheus_client import CollectorRegistry
 from twisted.internet import defer
-from twisted.web.http_headers import Headers
 from werkzeug.exceptions import MethodNotAllowed
 
 from mortred_twisted.config.catalog import Catalog
-from mortred_twisted.gateway.rewrite import rewrite_event_data, rewrite_urls, supervisor_prefix
+from mortred_twisted.gateway.events import relay
+from mortred_twisted.gateway.rewrite import rewrite_urls, supervisor_prefix
 from mortred_twisted.http.auth import (
     WWW_AUTHENTICATE,
     bearer_token,
     host_refusal,
     token_matches,
 )
-from mortred_twisted.http.event_relay import relay_events
 from mortred_twisted.http.route_request import (
     RouteRequest,
     match_endpoint,
     route_with_klein,
     settled,
 )
-from mortred_twisted.http11.messages import ServerRequest
+from mortred_twisted.http11.messages import ServerRequest, StreamCut
 from mortred_twisted.http11.server import HTTPServerFactory
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.supervisor.metrics import render
@@ -62,6 +62,8 @@ STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 _JOB_PART = ("", "/wait", "/result")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _LIST_QUERY = (b"state", b"limit", b"cursor")
+#: Headers of a model's event-stream answer passed to the browser.
+_STREAM_HEADERS = (b"content-type", b"cache-control", b"x-request-id", b"retry-after")
 
 #: The web UI's Content-Security-Policy: scripts, styles, fetches and frames from this
 #: origin only, no inline script or style (app.js and style.css are files), images
@@ -103,18 +105,19 @@ class SupervisorApi:
         api_token: str,
         registry: CollectorRegistry,
         proxy: UpstreamClient,
-        stream_agent: Any = None,
+        streams: Any = None,
         internal_token: str = "",
         static_dir: Path = STATIC,
     ) -> None:
-        """``stream_agent``: an ``IAgent`` without a receive deadline for event
-        streams (a non-persistent pooled ``Agent``); None answers those 501."""
+        """``streams``: what opens a job's event stream on a model
+        (:meth:`~mortred_twisted.http11.pool.LeanUpstreamClient.stream`); None
+        answers those 501."""
         self.supervisor = supervisor
         self.catalog = catalog
         self.api_token = api_token
         self.registry = registry
         self.proxy = proxy
-        self.stream_agent = stream_agent
+        self.streams = streams
         self.internal_token = internal_token
         self.static_dir = static_dir.resolve()
 
@@ -296,32 +299,39 @@ class SupervisorApi:
         return defer.Deferred.fromCoroutine(self._proxy(request, method, url, server_id, None))
 
     def _events(self, request: Any, server_id: str, job: str) -> Any:
-        """``text/event-stream`` of the model's ``/jobs/{job}/events``, relayed live."""
+        """``text/event-stream`` of the model's ``/jobs/{job}/events``, relayed live by
+        the gateway's relay (:func:`~mortred_twisted.gateway.events.relay`: records as
+        they come, job URLs under ``/api/v1/jobs/<id>/``, paused while the browser
+        does not read, the model's stream closed when the browser leaves)."""
         if not self._authorized(request):
             return self._deny(request)
         entry = self.catalog.get(server_id)
         if entry is None or not _JOB_ID.fullmatch(job):
             return _json(request, 404, {"error": "not found"})
-        if self.stream_agent is None:
+        if self.streams is None:
             return _json(request, 501, {"error": "event streams are not configured"})
-        headers = Headers({b"accept": [b"text/event-stream"]})
+        headers = {b"accept": [b"text/event-stream"]}
         if self.internal_token:
-            headers.setRawHeaders(b"authorization", [b"Bearer " + self.internal_token.encode()])
+            headers[b"authorization"] = [b"Bearer " + self.internal_token.encode()]
         url = f"{entry.base_url}/jobs/{job}/events"
 
-        async def relay() -> bytes:
-            try:
-                return await relay_events(
-                    self.stream_agent,
-                    request,
-                    url,
-                    headers,
-                    lambda line: rewrite_event_data(line, supervisor_prefix(server_id)),
-                )
-            except UpstreamError as e:
-                return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+        def head(stream: Any) -> Any:
+            request.setResponseCode(stream.code)
+            for name in _STREAM_HEADERS:
+                values = stream.headers.getRawHeaders(name)
+                if values:
+                    request.responseHeaders.setRawHeaders(name, values)
+            return relay(stream, request, supervisor_prefix(server_id))
 
-        return defer.Deferred.fromCoroutine(relay())
+        def failed(failure: Any) -> bytes:
+            failure.trap(UpstreamError)
+            e = failure.value
+            if request.started:  # the stream broke off: the browser sees it cut
+                raise StreamCut(e.message)
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+
+        d = self.streams.stream("GET", url, headers)
+        return d.addCallback(head).addErrback(failed)
 
     async def _proxy(
         self, request: Any, method: str, url: str, server_id: str, body: bytes | None

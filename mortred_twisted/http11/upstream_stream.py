@@ -56,7 +56,10 @@ class UpstreamStream:
     connection. Reactor thread only.
     """
 
-    __slots__ = ("_conn", "_held", "_idle", "_idle_s", "_sink", "code", "done", "headers")
+    __slots__ = (
+        "_clock", "_conn", "_held", "_idle", "_idle_s", "_paused", "_sink", "code", "done",
+        "headers",
+    )  # fmt: skip
 
     def __init__(
         self, code: int, headers: RawHeaders, conn: StreamingConnection, clock: IReactorTime,
@@ -68,8 +71,37 @@ class UpstreamStream:
         self._sink: Any = None
         self._held: list[bytes] = []
         self._idle_s = idle_s
+        self._clock = clock
+        self._paused = False
         self._idle: IDelayedCall | None = clock.callLater(idle_s, self._silent)
         self.done: defer.Deferred[None] = defer.Deferred(self._cancel)
+
+    # -- IPushProducer: the client's write flow control pauses the upstream ---------
+
+    def pauseProducing(self) -> None:
+        """The client does not read: stop reading the upstream (its own buffers then
+        fill and the model's writes wait), and stop counting its silence."""
+        if self._paused or self.done.called:
+            return
+        self._paused = True
+        idle, self._idle = self._idle, None
+        if idle is not None and idle.active():
+            idle.cancel()
+        transport = self._conn.transport
+        if transport is not None:
+            transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        if not self._paused or self.done.called:
+            return
+        self._paused = False
+        self._idle = self._clock.callLater(self._idle_s, self._silent)
+        transport = self._conn.transport
+        if transport is not None:
+            transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.close()
 
     def start(self, sink: Any) -> None:
         """Hand every body piece to ``sink(bytes)`` from now on."""

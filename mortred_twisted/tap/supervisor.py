@@ -35,6 +35,7 @@ from mortred_twisted.config.control import ControlConfig, load_control_config, w
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.http.auth import is_loopback_host
 from mortred_twisted.http.supervisor_api import SupervisorApi
+from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.upstream import UpstreamClient, quiet_pool
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.metrics import supervisor_registry
@@ -281,7 +282,9 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         proxy=proxy,
         # Job event streams: no receive deadline, one connection each (closed when
         # the browser leaves).
-        stream_agent=Agent(reactor, pool=quiet_pool(reactor, persistent=False), connectTimeout=5),
+        streams=LeanUpstreamClient(
+            reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, connect_timeout_s=5
+        ),
         internal_token=internal_token,
     )
     # The project's one HTTP server, with the gateway's body limits and budget, and

@@ -369,3 +369,27 @@ def test_extra_bytes_after_body_are_502() -> None:
     proto, transport = n.accept()
     proto.dataReceived(OK + b"junk")
     assert isinstance(out[0].value, UpstreamTransportError) and transport.disconnecting
+
+
+def test_a_paused_stream_stops_reading_its_upstream_and_its_silence_clock() -> None:
+    """The client's flow control pauses an upstream stream: its connection stops
+    reading, its idle deadline stops counting; resumed, both go on."""
+    n = Net()
+    got: list[Any] = []
+    n.client.stream("GET", URL, {}).addCallback(got.append)
+    proto, transport = n.accept()
+    proto.dataReceived(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    )
+    (stream,) = got
+    pieces: list[bytes] = []
+    stream.start(pieces.append)
+    stream.pauseProducing()
+    assert transport.producerState == "paused"
+    n.reactor.advance(3600)  # silent for an hour while paused: not cut
+    assert not stream.done.called
+    stream.resumeProducing()
+    assert transport.producerState == "producing"
+    proto.dataReceived(b"0\r\n\r\n")
+    assert pieces == [b"hello"] and stream.done.called

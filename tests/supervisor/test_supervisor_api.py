@@ -12,11 +12,14 @@ from klein import Klein
 from treq.testing import RequestTraversalAgent
 from twisted.internet import defer, error
 from twisted.internet.protocol import Protocol
-from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
+from twisted.test import iosim
+from twisted.web.server import Site
 
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.http.supervisor_api import CONTENT_SECURITY_POLICY, STATIC, SupervisorApi
+from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.upstream import UpstreamClient
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.metrics import supervisor_registry
@@ -35,10 +38,8 @@ AUTH = {"Authorization": "Bearer mgmt"}
 
 
 class Harness:
-    def __init__(
-        self, upstream: Any = None, stream_agent: Any = None, api_token: str = "mgmt"
-    ) -> None:
-        self.clock = Clock()
+    def __init__(self, upstream: Any = None, api_token: str = "mgmt") -> None:
+        self.clock = MemoryReactorClock()
         self.spawner = FakeSpawner()
         self.prober = FakeProber()
         entry = CatalogEntry(
@@ -61,14 +62,20 @@ class Harness:
         self.supervisor = Supervisor([self.server])
         self.model = FakeModel()
         self.upstream = RequestTraversalAgent(upstream or self.model.resource())
-        self.streams = RequestTraversalAgent(upstream or self.model.resource())
+        # Event streams: the lean stream client, connected in memory to the model's
+        # resource (a twisted.web Site of the fake) by iosim pumps.
+        self.model_site = Site(upstream or self.model.resource(), reactor=self.clock, timeout=None)
+        self.streams = LeanUpstreamClient(self.clock, recv_timeout_s=5)
+        self.refuse_streams = False
+        self.pumps: list[Any] = []
+        self._accepted = 0
         api = SupervisorApi(
             supervisor=self.supervisor,
             catalog=self.catalog,
             api_token=api_token,
             registry=supervisor_registry(self.supervisor),
             proxy=UpstreamClient(self.upstream, self.clock, recv_timeout_s=5),
-            stream_agent=stream_agent or self.streams,
+            streams=self.streams,
             internal_token="internal",
         )
         self.client = MemoryClient(api.http_server(self.clock))
@@ -87,9 +94,21 @@ class Harness:
         return response.code, body, response.headers
 
     def flush(self) -> None:
-        for _ in range(3):
+        for _ in range(5):
             self.upstream.flush()
-            self.streams.flush()
+            while self._accepted < len(self.clock.tcpClients):
+                _host, _port, factory, _t, _b = self.clock.tcpClients[self._accepted]
+                self._accepted += 1
+                if self.refuse_streams:
+                    factory.clientConnectionFailed(None, Failure(error.ConnectionRefusedError()))
+                    continue
+                client = factory.buildProtocol(None)
+                server = self.model_site.buildProtocol(None)
+                server_io = iosim.FakeTransport(server, isServer=True)
+                client_io = iosim.FakeTransport(client, isServer=False)
+                self.pumps.append(iosim.connect(server, server_io, client, client_io))
+            for pump in self.pumps:
+                pump.pump()
             self.client.flush()
 
 
@@ -417,9 +436,9 @@ def test_events_are_relayed_as_they_arrive_and_the_end_ends_the_stream() -> None
     # data lines are rewritten (the model's own JSON formatting kept)
     assert '"/api/v1/jobs/A/job_1"' in body.text and '"/jobs/job_1"' not in body.text
     record = sse("progress", {**STATUS, "progress": {"step": 3, "total": 10}}, 2)
-    m.push(record[:-30])  # a record split mid-line: its complete lines go at once
+    m.push(record[:-30])  # a record split mid-line: relayed once it is complete
     h.flush()
-    assert "event: progress" in body.text and '"step": 3' not in body.text
+    assert "event: progress" not in body.text
     m.push(record[-30:])
     h.flush()
     assert '"step": 3' in body.text and body.reason is None
@@ -450,10 +469,7 @@ def test_events_errors_are_json() -> None:
     assert h.call("GET", "/api/v1/jobs/A/job_1/events")[0] == 401
     assert h.call("GET", "/api/v1/jobs/A/j%C3%A9b/events", headers=AUTH)[0] == 404
 
-    class Refusing:
-        def request(self, *args: Any) -> defer.Deferred[Any]:
-            return defer.fail(error.ConnectionRefusedError("refused"))
-
-    down = Harness(m.resource(), stream_agent=Refusing())
+    down = Harness(m.resource())
+    down.refuse_streams = True
     code, body, _ = down.call("GET", "/api/v1/jobs/A/job_1/events", headers=AUTH)
     assert code == 503 and "model not running" in json.loads(body)["error"]
