@@ -19,8 +19,9 @@ worker pool, runner and sync path are unchanged. Protocol over one duplex pipe
 **Validation without a model in the server.** The server's reactor validates
 requests before admission (:meth:`Model.validate`, cheap by contract). The model is
 loaded only in the workers: each child sends back its *validation twin*, an
-instance of the model's class holding only ``params_schema``, ``uses_images`` and
-``output_schema`` (no weights), built without ``__init__``; the parent validates
+instance of the model's class holding only ``params_schema``, ``uses_images``,
+``output_schema`` and ``input_limits`` (no weights), built without ``__init__``; the
+parent validates
 with it. A model whose ``validate`` needs more than those (and module-level
 state) must say so by overriding :meth:`Model.validation_twin` — none does today.
 
@@ -108,7 +109,7 @@ class _ChildContext(RunContext):
 
 
 #: the only attributes a validation twin carries (see the module docstring)
-TWIN_ATTRIBUTES = ("params_schema", "uses_images", "output_schema")
+TWIN_ATTRIBUTES = ("params_schema", "uses_images", "output_schema", "input_limits")
 
 
 def validation_twin(model: Model) -> Model:

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import json
+import pickle
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ from mortred_twisted.models.input_limits import (
     InputLimits,
     split_input_limits,
 )
+from mortred_twisted.models.isolated import validation_twin
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
@@ -206,6 +208,16 @@ def test_bad_limits_are_config_errors_listed_with_the_others() -> None:
     assert "model.max_pixels: expected an integer" in text
     with pytest.raises(ModelLoadError, match="max_pixels"):
         create_model("fake", {"max_pixels": 0}, Path("."))
+
+
+def test_a_process_workers_validation_twin_keeps_the_limits(decodes: list[str]) -> None:
+    """With worker_isolation = "process" the server validates with the twin a worker
+    sends back: it carries the limits (pickled) and refuses the same requests."""
+    twin = pickle.loads(pickle.dumps(validation_twin(sam_like())))
+    assert twin.input_limits == SAM
+    with pytest.raises(InputTooLarge, match="max_pixels"):
+        twin.validate(request(png_header(4096, 4096)))
+    assert decodes == []
 
 
 # -- over HTTP: /infer and /jobs ------------------------------------------------------
