@@ -428,6 +428,9 @@ class HTTPConnection(Protocol):
             if not chunked:
                 request.keep_alive = False  # the close ends the body
             writer.write(encode_stream_head(request, chunked, self.factory.server_header))
+            if request.method == b"HEAD":  # the head is the whole answer: end it now
+                self.factory.clock.callLater(0, self._end_head_stream, request)
+                return
         if data and request.method != b"HEAD":
             if self._write_paused and request.producer is None:
                 self._paused_writes += len(data)
@@ -437,6 +440,17 @@ class HTTPConnection(Protocol):
                     return
             writer.write(encode_chunk(data) if chunked else data)
         self.last_active = self.factory.clock.seconds()
+
+    def _end_head_stream(self, request: ServerRequest) -> None:
+        """A HEAD answer that would stream: its head was sent, nothing more will be;
+        stop its producer (as if the client left) and go on with the connection."""
+        if self._closed or self._current is not request or not self._busy:
+            return
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.addErrback(lambda _f: None)
+            pending.cancel()
+        self._answer(b"", request)
 
     def _answer(self, body: bytes, request: ServerRequest) -> None:
         self._pending = None

@@ -122,6 +122,28 @@ def test_head_answers_a_get_route_without_its_body() -> None:
     assert responses(rest)[0][2] == b'{"status":"ok"}'
 
 
+def test_head_writes_no_body_on_any_route() -> None:
+    """HEAD on every GET rule of the route table (the job's event stream included,
+    which ends once its head is sent), then a GET on the same connection: each HEAD
+    answer is a head alone."""
+    port = Port()
+    [(_code, _h, body)] = port.exchange(post(b"/jobs", json.dumps({"images": [IMG]}).encode()))
+    job = json.loads(body)["job_id"]
+    rules = [r.rule for r in port.app.app.url_map.iter_rules() if "GET" in (r.methods or ())]
+    assert "/jobs/<job_id>/events" in rules
+    for rule in rules:
+        path = rule.replace("<job_id>", job).encode()
+        if path.endswith(b"/wait"):
+            path += b"?timeout=0"  # a long poll would park the HEAD too
+        proto, transport = port.connect()
+        proto.dataReceived(get(path, method=b"HEAD") + get(b"/healthz"))
+        port.clock.advance(0)
+        head, _, rest = transport.value().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 "), (rule, head)
+        assert rest.startswith(b"HTTP/1.1 200"), (rule, rest[:80])  # no body in between
+        assert responses(rest)[0][2] == b'{"status":"ok"}'
+
+
 @pytest.mark.parametrize(
     ("raw", "status", "code"),
     [

@@ -207,3 +207,21 @@ def test_an_answer_that_raises_while_written_closes_its_connection() -> None:
     proto.dataReceived(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
     assert t.disconnected or t.disconnecting
     assert not proto._busy
+
+
+def test_head_on_a_streamed_answer_ends_once_its_head_is_sent() -> None:
+    """HEAD on a route that streams: the head is the whole answer; the stream's
+    Deferred is cancelled (as for a client that left) and the connection goes on."""
+    s = Server()
+    s.app.defer_next = True
+    proto, t = s.connect()
+    proto.dataReceived(b"HEAD /s HTTP/1.1\r\nHost: h\r\n\r\nGET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+    request = s.app.requests[0]
+    request.write(b"data: x\n\n")  # the head goes out
+    s.app.defer_next = False
+    s.clock.advance(0)
+    assert s.app.pending[0].called  # cancelled: the stream's source is released
+    out = t.value()
+    head, _, rest = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 200 ")
+    assert s.app.dispatched == [b"/s", b"/next"] and not t.disconnecting

@@ -78,7 +78,8 @@ class Harness:
             streams=self.streams,
             internal_token="internal",
         )
-        self.client = MemoryClient(api.http_server(self.clock))
+        self.server_factory = api.http_server(self.clock)
+        self.client = MemoryClient(self.server_factory)
 
     def call(
         self, method: str, path: str, origin: str = "http://sup", **kw: Any
@@ -473,3 +474,31 @@ def test_events_errors_are_json() -> None:
     down.refuse_streams = True
     code, body, _ = down.call("GET", "/api/v1/jobs/A/job_1/events", headers=AUTH)
     assert code == 503 and "model not running" in json.loads(body)["error"]
+
+
+def test_head_writes_no_body_on_any_route() -> None:
+    """HEAD on every GET route (UI files, REST, the job proxy and its event stream),
+    followed by a GET on the same connection: each HEAD answer is a head alone."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    m = JobsModel()
+    h = Harness(m.resource())
+    paths = ["/", "/ui/app.js", "/api/v1/health", "/api/v1/status", "/api/v1/catalog",
+             "/api/v1/servers/A", "/api/v1/servers/A/logs", "/api/v1/metrics", "/api/v1/jobs/A",
+             "/api/v1/jobs/A/job_1", "/api/v1/jobs/A/job_1/events", "/api/v1/nowhere"]  # fmt: skip
+    auth = b"Authorization: Bearer mgmt\r\n"
+    for path in paths:
+        proto = h.server_factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(
+            b"HEAD " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"\r\n"
+            + b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )  # fmt: skip
+        for _ in range(3):
+            h.flush()
+            h.clock.advance(0)
+        head, _, rest = transport.value().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 "), (path, head)
+        assert rest.startswith(b"HTTP/1.1 200"), (path, rest[:80])
