@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 from urllib.parse import urlsplit
 
-from mortred_client import Client, Job, JobStatus, MortredError, RetryPolicy
-from mortred_client.protocol import Call
-from mortred_client.retry import Safety
+try:
+    from mortred_client import Client, Job, JobStatus, MortredError, RetryPolicy
+    from mortred_client.protocol import Call
+    from mortred_client.retry import Safety
+except ImportError:  # pragma: no cover - an install without the client
+    sys.exit("mortredctl needs the Python client: pip install ./client (make install does both)")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: A CLI answers quickly when a server is down: three tries within 10 s.
