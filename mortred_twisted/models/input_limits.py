@@ -57,10 +57,10 @@ GENERIC_INPUT_LIMITS = InputLimits(max_images=16, max_pixels=2048 * 2048)
 
 #: Defaults by ``[model] type``. SAM_AMG: 4 images of up to 1024 x 1024 (1 M pixels);
 #: the pictures are decoded up front (4 x 3 MB) and segmented one after another, and
-#: one 512 x 512 picture with the default AMG params measured 78 MB above the loaded
-#: model (310 B per pixel), so 1 M pixels is ~0.33 GB: a request stays under ~0.4 GB
-#: with those params (docs/configuration.md, "Input limits"). The fake model's
-#: images are arbitrary bytes: no header is read.
+#: such a request measured +239 MiB above the loaded model with the default AMG params
+#: (bench/input_memory.py; docs/configuration.md, "Input limits", also says what its
+#: request params can add). The fake model's images are arbitrary bytes: no header
+#: is read.
 DEFAULT_INPUT_LIMITS: Mapping[str, InputLimits] = {
     "SAM_AMG": InputLimits(max_images=4, max_pixels=1024 * 1024),
     "fake": InputLimits(max_images=None, max_pixels=None),
