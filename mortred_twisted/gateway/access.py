@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from mortred_twisted.gateway.apikeys import KeyRing
-from mortred_twisted.http.auth import bearer_token, is_loopback_host, token_matches
+from mortred_twisted.http11.auth import bearer_token, is_loopback_host, token_matches
 from mortred_twisted.http11.ratelimit import RateLimiter
 
 INFERENCE = "inference"

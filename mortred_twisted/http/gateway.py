@@ -67,8 +67,8 @@ from mortred_twisted.gateway.routing import (
     match,
     resolve,
 )
-from mortred_twisted.http.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http.responder import is_json_content_type
+from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
 from mortred_twisted.http11.messages import StreamCut
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http11.upstream_stream import UpstreamStream

@@ -19,15 +19,15 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
 from mortred_twisted.http.answers import EarlyResponse
-from mortred_twisted.http.auth import (
+from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
+from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.responder import Responder, is_json_content_type, json_bytes
+from mortred_twisted.http11.auth import (
     CLIENT_IP_HEADER,
     WWW_AUTHENTICATE,
     bearer_token,
     token_matches,
 )
-from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
-from mortred_twisted.http.errors import ApiError, to_api_error
-from mortred_twisted.http.responder import Responder, is_json_content_type, json_bytes
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 

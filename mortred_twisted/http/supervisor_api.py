@@ -19,7 +19,7 @@ answer: the
 :data:`SECURITY_HEADERS` (a Content-Security-Policy that allows no inline script or
 style, no framing, ``nosniff``, no referrer), and, when the supervisor runs without
 a token, the DNS-rebinding defence: a ``Host`` that is not a loopback name is
-answered 421 (:func:`~mortred_twisted.http.auth.host_refusal`) before any route runs.
+answered 421 (:func:`~mortred_twisted.http11.auth.host_refusal`) before any route runs.
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ from werkzeug.exceptions import MethodNotAllowed
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.events import relay
 from mortred_twisted.gateway.rewrite import rewrite_urls, supervisor_prefix
-from mortred_twisted.http.auth import (
-    WWW_AUTHENTICATE,
-    bearer_token,
-    host_refusal,
-    token_matches,
-)
 from mortred_twisted.http.route_request import (
     RouteRequest,
     match_endpoint,
     route_with_klein,
     settled,
+)
+from mortred_twisted.http11.auth import (
+    WWW_AUTHENTICATE,
+    bearer_token,
+    host_refusal,
+    token_matches,
 )
 from mortred_twisted.http11.messages import ServerRequest, StreamCut
 from mortred_twisted.http11.server import HTTPServerFactory

@@ -3,7 +3,7 @@
 The gateway limits per API key (each key its own ``rate_limit_qps``); a model port
 limits per client address (``rate_limit_qps`` of its config). Both call
 :meth:`RateLimiter.acquire` with the key and its rate; time comes from an injected
-clock. Lives in ``http/`` beside :mod:`~mortred_twisted.http.auth` so both layers import
+clock. Lives in ``http/`` beside :mod:`~mortred_twisted.http11.auth` so both layers import
 it. Not thread-safe: call from one thread (the reactor).
 """
 

@@ -31,9 +31,9 @@ from twisted.python import usage
 
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import ServerConfig, load_server_config
-from mortred_twisted.http.auth import is_loopback_host
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
+from mortred_twisted.http11.auth import is_loopback_host
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.metrics.edge import EdgeLimitsCollector
 from mortred_twisted.metrics.server import ServerMetrics

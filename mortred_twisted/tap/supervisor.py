@@ -33,8 +33,8 @@ from twisted.web.client import Agent
 from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.http.auth import is_loopback_host
 from mortred_twisted.http.supervisor_api import SupervisorApi
+from mortred_twisted.http11.auth import is_loopback_host
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.upstream import UpstreamClient, quiet_pool
 from mortred_twisted.supervisor.logs import LogBuffer

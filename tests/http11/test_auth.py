@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mortred_twisted.http.auth import host_header_name, host_refusal, is_loopback_host_header
+from mortred_twisted.http11.auth import host_header_name, host_refusal, is_loopback_host_header
 
 LOOPBACK = [
     "localhost",
