@@ -144,6 +144,7 @@ class RedisJobStore:
         self._depth = 0
         self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
         self._handed_back: set[str] = set()  # its late end must not touch the job
+        self._ending: set[str] = set()  # held jobs whose terminal write is under way
         #: the views carried by terminal events, each only while its event is delivered
         self._ended_views: dict[str, JobSnapshot] = {}
         self._stopped = False
@@ -363,6 +364,13 @@ class RedisJobStore:
         return Deferred.fromCoroutine(self._terminate(job_id, args))
 
     async def _terminate(self, job_id: str, args: tuple[Any, ...]) -> bool:
+        self._ending.add(job_id)
+        try:
+            return await self._terminate_once(job_id, args)
+        finally:
+            self._ending.discard(job_id)
+
+    async def _terminate_once(self, job_id: str, args: tuple[Any, ...]) -> bool:
         while True:
             try:
                 reply = await self._script("terminate", *args, keys=self._job(job_id))
@@ -512,8 +520,9 @@ class RedisJobStore:
     # -- events ---------------------------------------------------------------------
 
     def _cancel_held(self, job_id: str) -> None:
-        """A held job's cancel was accepted: the runtime stops its run (repeatable)."""
-        if job_id in self._held and self.on_cancel is not None:
+        """A held job's cancel was accepted: the runtime stops its run (repeatable;
+        not once its end is being written)."""
+        if job_id in self._held and job_id not in self._ending and self.on_cancel is not None:
             self.on_cancel(job_id)
 
     def _on_event(self, message: bytes) -> None:

@@ -92,6 +92,7 @@ class JobRunner:
         self._inflight: dict[str, Deferred[None]] = {}
         self._contexts: dict[str, RunContext] = {}
         self._cancelling: set[str] = set()
+        self._awaiting_worker: set[str] = set()  # series waiting for a worker lease
         self._admitted_at: dict[str, float] = {}
         self._draining = False
         self._pulling = False
@@ -122,11 +123,13 @@ class JobRunner:
             ctx.cancel()
             return True
         series = self._inflight.get(job_id)
-        if series is not None:
+        if series is not None and job_id in self._awaiting_worker:
             self._cancelling.add(job_id)
             series.cancel()
             return True
-        return False
+        # Past its run (its terminal write is under way: cancelling the series would
+        # cancel that write) or not here at all.
+        return series is not None
 
     # -- push ---------------------------------------------------------------------
 
@@ -160,15 +163,19 @@ class JobRunner:
         started = self._clock.seconds()
         self._admitted_at[job_id] = started
         deadline = None if self._budget_s is None else started + self._budget_s
+        self._awaiting_worker.add(job_id)
         try:
             acquire = self._workers.acquire("async")
             lease: WorkerLease[Model] = await within(
                 self._clock, acquire, self._remaining(deadline), cancel_on_expiry=True
             )
+            self._awaiting_worker.discard(job_id)
         except DeadlineExpired:
+            self._awaiting_worker.discard(job_id)
             await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
             return
         except CancelledError:
+            self._awaiting_worker.discard(job_id)
             if job_id in self._cancelling:  # the store has ended it cancelled already
                 self._cancelling.discard(job_id)
                 return
@@ -221,15 +228,19 @@ class JobRunner:
         now = self._clock.seconds()
         admitted = self._admitted_at[job_id] = now - claim.age_ms / 1000.0
         deadline = None if self._budget_s is None else admitted + self._budget_s
+        self._awaiting_worker.add(job_id)
         try:
             acquire = self._workers.acquire("async")
             lease: WorkerLease[Model] = await within(
                 self._clock, acquire, self._remaining(deadline), cancel_on_expiry=True
             )
+            self._awaiting_worker.discard(job_id)
         except DeadlineExpired:
+            self._awaiting_worker.discard(job_id)
             await settle(self._end(job_id, JobState.TIMEOUT, self._budget_message("waiting")))
             return
         except CancelledError:
+            self._awaiting_worker.discard(job_id)
             if job_id in self._cancelling:
                 # Claimed (running in the store) but still waiting for a worker here:
                 # a cancel ends it now; handing it back would let it run elsewhere.
