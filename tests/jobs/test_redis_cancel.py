@@ -242,3 +242,20 @@ async def test_a_listing_scans_a_bounded_number_of_entries_and_goes_on_by_cursor
             break
     assert seen == mine[::-1]
     assert calls == 2  # the first call stopped at the scan budget, with a cursor
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_cancel_is_signalled_while_the_jobs_end_is_being_written(
+    stores: Callable[..., Any],
+) -> None:
+    """A flag read back while the job's terminal write is in flight does not stop the
+    (finished) run again: stopping it then would cancel that write."""
+    a, b = await stores(), await stores()
+    told: list[str] = []
+    a.on_cancel = told.append
+    job = await a.submit(REQ)
+    await a.claim_next()
+    assert (await b.cancel(job))[0] is CancelOutcome.REQUESTED
+    ending = a.terminate(job, JobState.CANCELLED, error="stopped")
+    a._cancel_held(job)  # e.g. a progress reply that arrives now
+    assert await ending and told == []
