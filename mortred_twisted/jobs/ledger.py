@@ -33,10 +33,17 @@ concurrent submits with one key admit one job); a key is forgotten with its job.
 
 Retention runs on :meth:`submit` (as the C++ ledger did) and on
 :meth:`evict_expired`, which the server calls periodically so an idle server frees
-expired jobs too: first TTL (``job_ttl_ms`` after ``completed_at``), then LRU beyond
-``max_completed`` terminal jobs (least recently *used*: a poll or a result fetch
-refreshes a job). Non-terminal jobs are never evicted: they are not in
-either retention structure until they terminate.
+expired jobs too: first TTL (``job_ttl_ms`` after ``completed_at``), then beyond
+``max_completed`` terminal jobs the least recently *used* (a poll or a result fetch
+refreshes a job) of the caller holding the most (``jobs/retention.py``: a caller
+within its share never loses a result to another). Non-terminal jobs are never
+evicted: they are not in the retention structure until they terminate.
+
+**Fair share** (``jobs/fair_queue.py``): pending jobs are kept in weighted-fair
+order across callers with priority bands; :meth:`next_pending` names the job a
+free worker takes, :meth:`transition_running` records the start, and admission
+checks the caller's own limit (``max_pending``, else ``max_pending_per_caller``)
+in the same critical section as the model's ``max_queue``.
 """
 
 from __future__ import annotations
@@ -44,12 +51,17 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from mortred_twisted.jobs.fair_queue import (
+    DEFAULT_PRIORITY,
+    DEFAULT_TERMS,
+    CallerTerms,
+    FairQueue,
+)
+from mortred_twisted.jobs.retention import RetainedJobs
 from mortred_twisted.jobs.states import (
     TERMINAL_STATES,
     CancelOutcome,
@@ -107,15 +119,40 @@ class ResultLookup:
 class Admission(NamedTuple):
     """The answer of an admission (:meth:`AsyncJobTable.admit`).
 
-    ``job_id`` None with ``conflict`` False means the queue is full (429). With an
-    idempotency key: ``replayed`` True means the key's job already exists and
-    ``job_id`` is that job (nothing admitted); ``conflict`` True means the key is
-    taken by a request with another body (422).
+    ``job_id`` None with ``conflict`` False means the queue is full (429):
+    ``over_quota`` True when it is the caller's own limit (``limit`` jobs pending
+    or running), not the model's queue. With an idempotency key: ``replayed`` True
+    means the key's job already exists and ``job_id`` is that job (nothing
+    admitted); ``conflict`` True means the key is taken by a request with another
+    body (422).
     """
 
     job_id: str | None
     replayed: bool = False
     conflict: bool = False
+    over_quota: bool = False
+    limit: int = 0
+
+
+class CallerLine(NamedTuple):
+    """One caller's share of a model's queue (``GET /queue``)."""
+
+    caller: str
+    pending: int
+    running: int
+    oldest_wait_ms: int  # age of its oldest pending job; 0 when none
+    limit: int  # its max_pending as last admitted (0 = only the model's queue)
+
+
+class QueueView(NamedTuple):
+    """A model's queue: totals and one line per caller with pending/running jobs."""
+
+    depth: int
+    pending: int
+    running: int
+    oldest_wait_ms: int
+    max_queue: int
+    callers: list[CallerLine]
 
 
 class JobPage(NamedTuple):
@@ -198,8 +235,10 @@ class AsyncJobTable(Generic[RequestT]):
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
         id_factory: Callable[[], str] = new_job_id,
+        max_pending_per_caller: int = 0,
     ) -> None:
         self._max_queue = max_queue
+        self._per_caller = max(0, max_pending_per_caller)
         self._ttl_s = job_ttl_ms / 1000.0
         self._max_completed = max_completed
         self._clock = clock
@@ -208,14 +247,13 @@ class AsyncJobTable(Generic[RequestT]):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._jobs: dict[str, _Job] = {}
-        # Terminal jobs only. By completion time (TTL scan stops at the first live
-        # one) and by last use (LRU eviction).
-        self._by_completion: OrderedDict[str, float] = OrderedDict()
-        self._by_use: OrderedDict[str, None] = OrderedDict()
+        # Terminal jobs only: by completion time (TTL) and by last use per caller.
+        self._retained = RetainedJobs()
         self._depth = 0
         self._seq = 0
-        # Admission sequence numbers of pending jobs, ascending (queue positions).
-        self._pending_seqs: list[int] = []
+        # Pending jobs in fair order; pending + running per caller.
+        self._fair = FairQueue()
+        self._limits: dict[str, int] = {}  # caller -> limit at its last admission
         # (scope, key) -> job id, for as long as that job is retained.
         self._idempotency: dict[tuple[str, str], str] = {}
 
@@ -253,9 +291,13 @@ class AsyncJobTable(Generic[RequestT]):
         idempotency_key: str | None = None,
         fingerprint: str = "",
         webhook: tuple[str, frozenset[str]] | None = None,
+        terms: CallerTerms = DEFAULT_TERMS,
+        priority: str = DEFAULT_PRIORITY,
     ) -> Admission:
         """Admit a job for ``owner``, at most once per ``(owner, idempotency_key)``.
-        ``webhook`` (URL, events) is kept with the job for its lifetime.
+        ``webhook`` (URL, events) is kept with the job for its lifetime. ``terms``
+        (weight, own limit) and ``priority`` (band) place it in the fair order; the
+        caller checks ``priority`` against ``terms.max_priority`` first.
 
         One critical section: retention, the key lookup, the queue-full check, the
         depth increment and the key's registration, so concurrent submits with one
@@ -272,6 +314,9 @@ class AsyncJobTable(Generic[RequestT]):
                         return Admission(None, conflict=True)
                     self._touch_locked(job)
                     return Admission(known, replayed=True)
+            limit = self.caller_limit(terms)
+            if limit > 0 and self._fair.active(owner) >= limit:
+                return Admission(None, over_quota=True, limit=limit)
             if self._depth >= self._max_queue:
                 return Admission(None)
             job_id = self._id_factory()
@@ -284,9 +329,59 @@ class AsyncJobTable(Generic[RequestT]):
                 job.idempotency = (owner, idempotency_key, fingerprint)
                 self._idempotency[(owner, idempotency_key)] = job_id
             self._jobs[job_id] = job
-            self._pending_seqs.append(self._seq)
+            self._fair.push(job_id, owner, self._seq, weight=terms.weight, band=priority)
+            self._limits[owner] = limit
             self._depth += 1
             return Admission(job_id)
+
+    def caller_limit(self, terms: CallerTerms = DEFAULT_TERMS) -> int:
+        """A caller's limit of pending + running jobs (0 = only ``max_queue``)."""
+        if terms.max_pending is not None and terms.max_pending > 0:
+            return terms.max_pending
+        return self._per_caller
+
+    def active_of(self, owner: str) -> tuple[int, int]:
+        """``(pending, running)`` jobs of ``owner``."""
+        with self._lock:
+            return self._fair.pending_of(owner), self._fair.running_of(owner)
+
+    def next_pending(
+        self, eligible: Container[str] | Callable[[str], bool] | None = None
+    ) -> str | None:
+        """The pending job a free worker takes next in the fair order (among
+        ``eligible`` when given), or None. Changes nothing: the start is recorded by
+        :meth:`transition_running`."""
+        with self._lock:
+            return self._fair.next(eligible)
+
+    def queue_view(self, owner: str | None = None) -> QueueView:
+        """Totals and per-caller lines (only ``owner``'s when given)."""
+        with self._lock:
+            now = self._clock()
+            oldest: dict[str, float] = {}
+            for job in self._jobs.values():
+                if job.state is JobState.PENDING and job.owner not in oldest:
+                    oldest[job.owner] = job.created_at  # dict order = admission order
+            lines = []
+            for caller in self._fair.callers():
+                if owner is not None and caller != owner:
+                    continue
+                since = oldest.get(caller)
+                lines.append(
+                    CallerLine(
+                        caller, self._fair.pending_of(caller), self._fair.running_of(caller),
+                        0 if since is None else int((now - since) * 1000),
+                        self._limits.get(caller, self._per_caller),
+                    )
+                )  # fmt: skip
+            if owner is not None and not lines:
+                lines.append(CallerLine(owner, 0, 0, 0, self._limits.get(owner, self._per_caller)))
+            first = min(oldest.values(), default=None)
+            pending = self._fair.pending_count
+            return QueueView(
+                self._depth, pending, self._depth - pending,
+                0 if first is None else int((now - first) * 1000), self._max_queue, lines,
+            )  # fmt: skip
 
     # -- transitions ------------------------------------------------------------------
 
@@ -297,7 +392,7 @@ class AsyncJobTable(Generic[RequestT]):
             if job is None or not can_transition(job.state, JobState.RUNNING):
                 return False
             job.started_at = self._clock()
-            self._leave_queue_locked(job)
+            self._fair.start(job_id)
             job.state = JobState.RUNNING
             self._changed.notify_all()
             return True
@@ -371,18 +466,11 @@ class AsyncJobTable(Generic[RequestT]):
         job.completed_at = now
         job.completed_unix = self._wall_clock()
         job.request = None  # never keep the payload of a finished job
-        self._leave_queue_locked(job)
+        self._fair.release(job.job_id)
         job.state = target  # publish after the payload is written
         self._depth -= 1  # exactly once: terminal states absorb
-        self._by_completion[job.job_id] = now
-        self._by_use[job.job_id] = None
+        self._retained.add(job.job_id, job.owner, now)
         self._changed.notify_all()
-
-    def _leave_queue_locked(self, job: _Job) -> None:
-        if job.state is JobState.PENDING:
-            at = bisect_left(self._pending_seqs, job.seq)
-            if at < len(self._pending_seqs) and self._pending_seqs[at] == job.seq:
-                del self._pending_seqs[at]
 
     def set_progress(self, job_id: str, step: int, total: int) -> bool:
         """Record progress of a running job (for polls). False unless running."""
@@ -416,7 +504,7 @@ class AsyncJobTable(Generic[RequestT]):
             queued = int((job.started_at - job.created_at) * 1000)
         position = None
         if job.state is JobState.PENDING:
-            position = bisect_left(self._pending_seqs, job.seq) + 1
+            position = self._fair.position(job.job_id)
         return JobSnapshot(
             job_id=job.job_id,
             state=job.state,
@@ -473,7 +561,7 @@ class AsyncJobTable(Generic[RequestT]):
     @property
     def pending_count(self) -> int:
         """Admitted jobs still waiting for a worker."""
-        return len(self._pending_seqs)
+        return self._fair.pending_count
 
     def list_jobs(
         self,
@@ -515,25 +603,18 @@ class AsyncJobTable(Generic[RequestT]):
     # -- retention --------------------------------------------------------------------
 
     def _touch_locked(self, job: _Job) -> None:
-        if job.job_id in self._by_use:
-            self._by_use.move_to_end(job.job_id)
+        self._retained.touch(job.job_id)
 
     def _forget_locked(self, job_id: str) -> None:
         job = self._jobs.pop(job_id)
         if job.idempotency is not None:
             self._idempotency.pop(job.idempotency[:2], None)
-        self._by_completion.pop(job_id, None)
-        self._by_use.pop(job_id, None)
+        self._retained.remove(job_id)
 
     def _evict_locked(self) -> None:
         """TTL first, then LRU beyond ``max_completed``; terminal jobs only."""
         if self._ttl_s > 0:
-            horizon = self._clock() - self._ttl_s
-            while self._by_completion:
-                job_id, completed_at = next(iter(self._by_completion.items()))
-                if completed_at > horizon:
-                    break
+            for job_id in self._retained.expired(self._clock() - self._ttl_s):
                 self._forget_locked(job_id)
-        while len(self._by_use) > max(self._max_completed, 0):
-            job_id = next(iter(self._by_use))
-            self._forget_locked(job_id)
+        while (victim := self._retained.victim(self._max_completed)) is not None:
+            self._forget_locked(victim)

@@ -10,13 +10,16 @@ Pure: no Twisted. Thread contract: that of the ledger (any thread).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container
 from typing import Any, Generic, TypeVar
 
+from mortred_twisted.jobs.fair_queue import DEFAULT_PRIORITY, DEFAULT_TERMS, CallerTerms
 from mortred_twisted.jobs.ledger import (
     Admission,
     AsyncJobTable,
     JobPage,
     JobSnapshot,
+    QueueView,
     ResultLookup,
 )
 from mortred_twisted.jobs.states import CancelOutcome, JobState
@@ -30,6 +33,8 @@ class MemoryJobStore(Generic[RequestT]):
 
     pull = False
     shared = False
+    #: Admission takes ``terms``/``priority`` and pending jobs start in fair order.
+    fair = True
 
     def __init__(self, ledger: AsyncJobTable[RequestT]) -> None:
         self.ledger = ledger
@@ -65,11 +70,28 @@ class MemoryJobStore(Generic[RequestT]):
         idempotency_key: str | None = None,
         fingerprint: str = "",
         webhook: tuple[str, frozenset[str]] | None = None,
+        terms: CallerTerms = DEFAULT_TERMS,
+        priority: str = DEFAULT_PRIORITY,
     ) -> Admission:
         return self.ledger.admit(
             request, task_id, owner=owner, idempotency_key=idempotency_key,
-            fingerprint=fingerprint, webhook=webhook,
+            fingerprint=fingerprint, webhook=webhook, terms=terms, priority=priority,
         )  # fmt: skip
+
+    def next_pending(
+        self, eligible: Container[str] | Callable[[str], bool] | None = None
+    ) -> str | None:
+        """Push mode: which of the runner's ready jobs takes a free worker (fair order)."""
+        return self.ledger.next_pending(eligible)
+
+    def queue_view(self, owner: str | None = None) -> QueueView:
+        return self.ledger.queue_view(owner)
+
+    def caller_limit(self, terms: CallerTerms = DEFAULT_TERMS) -> int:
+        return self.ledger.caller_limit(terms)
+
+    def active_of(self, owner: str) -> tuple[int, int]:
+        return self.ledger.active_of(owner)
 
     def webhook_of(self, job_id: str) -> tuple[str, frozenset[str]] | None:
         return self.ledger.webhook_of(job_id)
