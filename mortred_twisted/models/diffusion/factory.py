@@ -88,7 +88,9 @@ def create_family(family: str, options: Mapping[str, Any], root: Path) -> Model:
     opts = read_options(options, family, root, default_scheduler=spec.scheduler)
     device = resolve_device(opts.device)
     dtype = _dtype(opts.dtype, device)
-    pipe = load_pipeline(opts.pretrained, device, dtype, opts.null_class_id)
+    pipe = load_pipeline(
+        opts.pretrained, device, dtype, opts.null_class_id, channels_last=opts.channels_last
+    )
     _check_pipeline(family, spec, pipe)
     trained = int(pipe.scheduler_config.get("num_train_timesteps", 1000))
     steps = opts.sample_steps if opts.sample_steps is not None else trained
@@ -142,10 +144,14 @@ def create_family(family: str, options: Mapping[str, Any], root: Path) -> Model:
             predicted_x0=bool(params["predicted_x0"]),
         )
 
-    return DiffusionModel(
+    model = DiffusionModel(
         family=family, pipe=pipe, device=device, dtype=dtype, params_schema=schema, plan=plan,
         max_running_jobs=opts.max_running_jobs, max_batch_images=opts.max_batch_images,
+        channels_last=opts.channels_last,
     )  # fmt: skip
+    if opts.compile:
+        model.compile_denoiser()
+    return model
 
 
 def params_schema(

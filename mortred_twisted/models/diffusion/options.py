@@ -12,6 +12,9 @@ Keys (any may be overridden in the server TOML's ``[model]`` table):
   together, its slots in the worker pool (1 = one run at a time on its own thread);
 * ``max_batch_images``: the most rows (images; guided images count twice) one
   denoiser call takes; a step over more rows makes several calls;
+* ``channels_last``: run the denoiser in channels-last memory format;
+* ``compile``: ``torch.compile`` the denoiser at load (opt-in; compiling takes
+  minutes on a CPU and is paid before the server turns ready);
 * ``null_class_id``: class-conditional UNets only, the "no label" id (default: the
   manifest's ``null_class_id``, else ``num_class_embeds - 1``).
 
@@ -33,6 +36,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 #: Defaults of the step-batching keys (docs/models/diffusion.md, "Step batching").
 DEFAULT_RUNNING_JOBS = 8
 DEFAULT_BATCH_IMAGES = 32
+DEFAULT_CHANNELS_LAST = True
 #: Keys of the previous model options and what replaced them.
 REPLACED_OPTIONS = {
     "weights": "'pretrained' (a diffusers pipeline directory)",
@@ -116,6 +120,8 @@ class DiffusionOptions:
     null_class_id: int | None
     max_running_jobs: int = 1
     max_batch_images: int = 32
+    channels_last: bool = False
+    compile: bool = False
 
 
 def read_options(
@@ -138,6 +144,8 @@ def read_options(
     null_class_id = reader.get("null_class_id", int, None, minimum=0)
     running = reader.get("max_running_jobs", int, DEFAULT_RUNNING_JOBS, minimum=1, maximum=256)
     rows = reader.get("max_batch_images", int, DEFAULT_BATCH_IMAGES, minimum=1, maximum=4096)
+    channels_last = reader.get("channels_last", bool, DEFAULT_CHANNELS_LAST)
+    compile_ = reader.get("compile", bool, False)
     if dtype != "float32" and device == "cpu":
         reader.problems.append(f"dtype: {dtype!r} needs device 'cuda' (CPU runs float32)")
     reader.finish()
@@ -154,4 +162,6 @@ def read_options(
         null_class_id=null_class_id,
         max_running_jobs=running,
         max_batch_images=rows,
+        channels_last=channels_last,
+        compile=compile_,
     )

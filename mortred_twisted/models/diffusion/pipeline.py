@@ -84,14 +84,25 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_pipeline(
-    path: Path, device: torch.device, dtype: torch.dtype, null_class_id: int | None = None
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    null_class_id: int | None = None,
+    *,
+    channels_last: bool = False,
 ) -> LoadedPipeline:
-    """Verify and load the pipeline at ``path`` (cached; see the module contract)."""
-    key = (str(path.resolve()), str(device), str(dtype), _stat_signature(path))
+    """Verify and load the pipeline at ``path`` (cached; see the module contract).
+
+    ``channels_last``: the denoiser's weights in channels-last memory format (its
+    convolutions then take NHWC inputs; part of the cache key).
+    """
+    key = (str(path.resolve()), str(device), str(dtype), _stat_signature(path), channels_last)
     with _LOCK:
         cached = _CACHE.get(key)
         if cached is None:
             cached = _load(path, device, dtype)
+            if channels_last:
+                cached.denoiser.to(memory_format=torch.channels_last)
             _CACHE[key] = cached
     if null_class_id is not None and cached.num_classes:
         return _with_null(cached, null_class_id)

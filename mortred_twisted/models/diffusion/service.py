@@ -25,6 +25,7 @@ Contracts (see :mod:`mortred_twisted.models.base`):
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,7 @@ class DiffusionModel(Model):
         plan: Callable[[Mapping[str, Any]], SamplingPlan],
         max_running_jobs: int = 1,
         max_batch_images: int = 32,
+        channels_last: bool = False,
     ) -> None:
         self.family = family
         self.pipe = pipe
@@ -111,6 +113,11 @@ class DiffusionModel(Model):
             bool(pipe.scheduler_config.get("clip_sample", False)) and pipe.autoencoder is None
         )
         self.prediction_type = str(pipe.scheduler_config.get("prediction_type", "epsilon"))
+        self.channels_last = channels_last
+        #: The denoiser this instance calls (the shared one, or its compiled wrapper).
+        self.net: torch.nn.Module = pipe.denoiser
+        #: Seconds ``torch.compile`` and its first calls took at load (None: not compiled).
+        self.compile_seconds: float | None = None
         self.run_capacity = max(1, max_running_jobs)
         self.max_batch_images = max(1, max_batch_images)
         self._batch = DenoiseBatch(self, self.max_batch_images) if self.run_capacity > 1 else None
@@ -166,10 +173,28 @@ class DiffusionModel(Model):
         Learned-variance channels (DiT) are dropped; the output is float32.
         """
         channels = self.pipe.latent_shape[0]
-        net = self.pipe.denoiser
+        net = self.net
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         if y is None:
             return net(x, t).sample[:, :channels].float()
         return net(x, t, class_labels=y).sample[:, :channels].float()
+
+    def compile_denoiser(self) -> float:
+        """``torch.compile`` this instance's denoiser (dynamic batch size) and run it
+        on batches of 1 and 2 so that loading pays the compilation, not the first jobs.
+        Loader thread. Returns (and keeps in ``compile_seconds``) the seconds taken."""
+        started = time.perf_counter()
+        self.net = torch.compile(self.pipe.denoiser, dynamic=True)
+        conditional = self.pipe.num_classes > 0
+        with torch.inference_mode():
+            for rows in (1, 2):
+                x = torch.zeros((rows, *self.pipe.latent_shape), device=self.device)
+                t = torch.full((rows,), 1.0, device=self.device)
+                y = torch.zeros(rows, dtype=torch.long, device=self.device) if conditional else None
+                self.denoise(x.to(self.dtype), t, y)
+        self.compile_seconds = time.perf_counter() - started
+        return self.compile_seconds
 
     def x0(
         self, x: torch.Tensor, out: torch.Tensor, t: torch.Tensor, abar: torch.Tensor

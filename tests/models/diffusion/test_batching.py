@@ -283,3 +283,56 @@ def test_bad_batching_options_are_load_errors(
     """Batching options out of range or of the wrong type keep the server not ready."""
     with pytest.raises(ModelLoadError, match=says):
         build("DDIM", **{key: value})
+
+
+def test_channels_last_gives_the_images_of_the_default_layout(
+    build: Callable[..., Any],
+) -> None:
+    """channels_last (the denoiser's memory format) changes no image beyond the
+    tolerance, alone or in a batch."""
+    plain = build("CLS_COND_DDIM", channels_last=False, max_running_jobs=4)
+    fast = build("CLS_COND_DDIM", channels_last=True, max_running_jobs=4)
+    assert fast.pipe.denoiser is not plain.pipe.denoiser
+    reqs = requests(plain, mixed("CLS_COND_DDIM")[:3])
+    for a, b in zip(
+        plain.run_batch(reqs, [RunContext() for _ in reqs]),
+        fast.run_batch(reqs, [RunContext() for _ in reqs]),
+        strict=True,
+    ):
+        assert max_diff(a, b) <= TOLERANCE
+
+
+def test_compile_is_opt_in_and_paid_at_load(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compile = true wraps the denoiser with torch.compile (dynamic batch size) and
+    calls it at load; the default leaves the shared denoiser as it is."""
+    compiled: list[dict[str, Any]] = []
+
+    def fake_compile(module: Any, **kwargs: Any) -> Any:
+        compiled.append(kwargs)
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    assert build("DDIM").compile_seconds is None and compiled == []
+    model = build("DDIM", compile=True)
+    assert compiled == [{"dynamic": True}] and model.compile_seconds is not None
+
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+
+
+@GPU
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_batch_gives_each_image_alone(
+    build: Callable[..., Any], family: str, dtype: str
+) -> None:
+    """On CUDA, in float32 and float16, mixed runs in one batch give the images they
+    give alone, within the tolerance."""
+    model = build(family, device="cuda", dtype=dtype, max_running_jobs=8)
+    reqs = requests(model, mixed(family))
+    alone = [model.run(r, RunContext()) for r in reqs]
+    together = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 1, 2, 2, 3])
+    for i, data in enumerate(alone):
+        assert max_diff(together[i], data) <= TOLERANCE, (i, dtype)
