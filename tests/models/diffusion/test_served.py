@@ -54,6 +54,50 @@ def test_same_seed_same_images_over_http(server) -> None:
     assert first[1]["data"]["images"] == second[1]["data"]["images"]
 
 
+def test_concurrent_jobs_run_together_and_each_keeps_its_images(server) -> None:
+    """Three jobs submitted at once all run (no queue position: max_running_jobs is 8
+    on one worker), progress each on their own, and a job's images equal its seed
+    sampled alone on the sync path within 2/255; a cancelled one frees its place."""
+    params = [
+        {"scheduler": "dpmsolver++", "sample_steps": 12, "seed": 21, "num_images": 2},
+        {"scheduler": "ddim", "sample_steps": 9, "seed": 22, "eta": 0.3},
+        {"sample_steps": 1000, "seed": 23},  # long: cancelled below
+    ]
+    jobs = []
+    for i, p in enumerate(params):
+        status, doc = server.json(
+            "POST", "/jobs", {"images": [IMG], "req_id": f"b{i}", "params": p}
+        )
+        assert status == 202, doc
+        jobs.append(doc["job_id"])
+    status, long = server.json("GET", f"/jobs/{jobs[2]}")
+    assert status == 200 and long["state"] == "running" and "queue_position" not in long, long
+    for job, p in zip(jobs[:2], params[:2], strict=True):
+        status, waited = server.json("GET", f"/jobs/{job}/wait?timeout=120000", timeout=180)
+        assert status == 200 and waited["state"] == "done", waited
+        assert waited["progress"] == {"step": p["sample_steps"], "total": p["sample_steps"]}
+        batched = server.json("GET", f"/jobs/{job}/result")[1]["data"]["images"]
+        body = {"images": [IMG], "req_id": "alone", "params": p}
+        status, alone = server.json("POST", "/mortred/diffusion/ddpm", body, timeout=180)
+        assert status == 200, alone
+        for a, b in zip(batched, alone["data"]["images"], strict=True):
+            assert max_pixel_diff(a, b) <= 2
+    status, doc = server.json("DELETE", f"/jobs/{jobs[2]}")
+    assert status in (200, 202), doc
+    status, waited = server.json("GET", f"/jobs/{jobs[2]}/wait?timeout=60000")
+    assert waited["state"] == "cancelled", waited
+
+
+def max_pixel_diff(a: str, b: str) -> int:
+    import numpy as np
+
+    with (
+        Image.open(io.BytesIO(base64.b64decode(a))) as x,
+        Image.open(io.BytesIO(base64.b64decode(b))) as y,
+    ):
+        return int(np.abs(np.asarray(x, dtype=np.int16) - np.asarray(y, dtype=np.int16)).max())
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
