@@ -71,6 +71,8 @@ bench-gateway: install
 
 bench-diffusion: install
 	$(PY) bench/diffusion_speed.py --runs default,dpmsolver++:20 --threads 1 --batch 8
+	$(PY) bench/diffusion_batching.py --models DDIM,LDM --clients 1,4,8,16 --scheduler dpmsolver++ --steps 20
+	$(PY) bench/diffusion_batching.py --tolerance
 
 bench-perception: install
 	$(PY) bench/perception_speed.py --repeats 40

@@ -1,0 +1,250 @@
+"""Step batching of diffusion jobs: throughput and latency, batched vs one at a time.
+
+    .venv/bin/python bench/diffusion_batching.py [--models DDIM,LDM] [--clients 1,4,8,16]
+        [--seconds 10] [--capacity 8] [--max-batch-images 32]
+        [--scheduler dpmsolver++] [--steps 20] [--json out.json]
+    .venv/bin/python bench/diffusion_batching.py --tolerance [--models DDPM,DDIM,...]
+
+Per model, two real model servers (``twistd``, memory store, thread workers, one
+torch thread) from the catalog config, differing only in ``max_running_jobs``:
+
+* **one at a time**: ``max_running_jobs = 1`` — every job runs alone on the
+  worker's thread, as before step batching (``worker_nums = 1``);
+* **batched**: ``max_running_jobs = --capacity`` — running jobs share one denoiser
+  call per step.
+
+For each number of concurrent clients, each mode in turn (so both see the same
+machine), every client loops for ``--seconds``: ``POST /jobs`` (``--scheduler`` at
+``--steps``, one image, a fresh seed) → ``GET /jobs/{id}/wait`` → ``GET
+/jobs/{id}/result``; a job's latency is from the submit's send to the result's
+arrival. Reported: jobs/s, p50 and p99 latency (ms), and the ratios batched / one at
+a time. With 1 client the ratio of p50s is "a job alone against today's".
+
+``--tolerance`` measures instead, in process, how far an image sampled in a batch is
+from the same seed sampled alone: 16 seeds, each model, three schedulers, max
+difference per pixel (of 255) and how many pixels differ at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import sys
+import tempfile
+import time
+import tomllib
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.httpload import Connection, Stats  # noqa: E402
+from tests.support.servers import RunningServer, model_server  # noqa: E402
+
+SERVERS = {
+    "DDPM": "conf/server/diffusion/ddpm.toml",
+    "DDIM": "conf/server/diffusion/ddim.toml",
+    "CLS_COND_DDIM": "conf/server/diffusion/cls_cond_ddim.toml",
+    "LDM": "conf/server/diffusion/ldm.toml",
+}
+IMG = base64.b64encode(b"ignored by generative models").decode()
+
+
+def server_toml(model: str, capacity: int, max_batch_images: int, folder: Path) -> Path:
+    """The catalog config of ``model`` with ``max_running_jobs = capacity`` and queues
+    that never refuse during the benchmark (absolute paths: the file lives in /tmp)."""
+    doc = tomllib.loads((ROOT / SERVERS[model]).read_text())
+    options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
+    options["pretrained"] = str(ROOT / options["pretrained"])
+    options.update(device="cpu", max_running_jobs=capacity, max_batch_images=max_batch_images)
+    server = {
+        **doc["server"],
+        "worker_nums": 1,
+        "torch_threads": 1,
+        "async_max_queue": 1024,
+        "max_queue_depth": 1024,
+        "async_max_completed": 4096,
+    }
+    lines = ["[server]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in server.items()]
+    lines += ["", "[model]", f'type = "{doc["model"]["type"]}"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in options.items()]
+    path = folder / "conf" / f"{model.lower()}_{capacity}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def one_job(conn: Connection, params: dict[str, Any]) -> float:
+    """Submit, wait, fetch the result; the latency in ms (raises on any failure)."""
+    body = json.dumps({"images": [IMG], "req_id": "bench", "params": params}).encode()
+    hdrs = {"Content-Type": "application/json"}
+    t0 = time.perf_counter()
+    resp = await conn.request("POST", "/jobs", body, hdrs)
+    assert resp.status == 202, resp.body
+    job = resp.json()["job_id"]
+    resp = await conn.request("GET", f"/jobs/{job}/wait?timeout=300000")
+    assert resp.status == 200 and resp.json()["state"] == "done", resp.body
+    resp = await conn.request("GET", f"/jobs/{job}/result")
+    assert resp.status == 200 and resp.json()["code"] == 0, resp.body[:200]
+    return (time.perf_counter() - t0) * 1000.0
+
+
+async def load(port: int, clients: int, seconds: float, params: dict[str, Any]) -> Stats:
+    """``clients`` loops of one job after the other for ``seconds``; jobs started before
+    the end are waited for and counted."""
+    stats = Stats()
+    seeds = iter(range(10**9))
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        conn = await Connection("127.0.0.1", port).open()
+        try:
+            while time.perf_counter() < deadline:
+                try:
+                    stats.latencies_ms.append(await one_job(conn, {**params, "seed": next(seeds)}))
+                except (AssertionError, ConnectionError, asyncio.IncompleteReadError):
+                    stats.errors += 1
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    stats.elapsed_s = time.perf_counter() - started
+    return stats
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    params = {"scheduler": args.scheduler, "sample_steps": args.steps}
+    levels = [int(c) for c in args.clients.split(",")]
+    rows: list[dict[str, Any]] = []
+    folder = Path(tempfile.mkdtemp(prefix="bench-diffusion-"))
+    print("| model | clients | mode | jobs/s | p50 ms | p99 ms | jobs | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        modes = {"one at a time": 1, "batched": args.capacity}
+        with ExitStack() as stack:
+            servers: dict[str, RunningServer] = {}
+            for mode, capacity in modes.items():
+                conf = server_toml(model, capacity, args.max_batch_images, folder)
+                srv = stack.enter_context(model_server(conf, wait_ready=False))
+                assert "NOT READY" not in srv.wait_ready(timeout=600), "".join(srv.log[-20:])
+                servers[mode] = srv
+            for srv in servers.values():  # warm-up: allocator, kernels, first-call paths
+                asyncio.run(load(srv.port, 2, 1.0, params))
+            for clients in levels:
+                for mode, srv in servers.items():
+                    stats = asyncio.run(load(srv.port, clients, args.seconds, params))
+                    row = {
+                        "model": model, "clients": clients, "mode": mode,
+                        "jobs_per_s": round(stats.rate, 2), "p50_ms": round(stats.pct(50), 1),
+                        "p99_ms": round(stats.pct(99), 1), "jobs": stats.count,
+                        "errors": stats.errors,
+                    }  # fmt: skip
+                    rows.append(row)
+                    print(
+                        f"| {model} | {clients} | {mode} | {row['jobs_per_s']} | "
+                        f"{row['p50_ms']} | {row['p99_ms']} | {row['jobs']} | {row['errors']} |",
+                        flush=True,
+                    )
+    print()
+    print("| model | clients | jobs/s batched / one at a time | p50 ratio | p99 ratio |")
+    print("|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for clients in levels:
+            one, bat = (
+                next(
+                    r for r in rows if (r["model"], r["clients"], r["mode"]) == (model, clients, m)
+                )
+                for m in ("one at a time", "batched")
+            )
+            print(
+                f"| {model} | {clients} | {bat['jobs_per_s'] / one['jobs_per_s']:.2f}x | "
+                f"{bat['p50_ms'] / one['p50_ms']:.2f} | {bat['p99_ms'] / one['p99_ms']:.2f} |"
+            )
+    return rows
+
+
+def tolerance(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Max pixel difference, 16 seeds sampled alone vs in one batch, per model."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from mortred_twisted.models.base import InferenceRequest, RunContext
+    from mortred_twisted.models.registry import create_model
+
+    torch.set_num_threads(1)
+
+    def pixels(data: dict[str, Any]) -> list[Any]:
+        return [
+            np.asarray(Image.open(io.BytesIO(base64.b64decode(b)))).astype(np.int16)
+            for b in data["images"]
+        ]
+
+    rows: list[dict[str, Any]] = []
+    print("| model | scheduler | steps | max pixel diff (of 255) | pixels differing |")
+    print("|---|---|---|---|---|")
+    for name in args.models.split(","):
+        doc = tomllib.loads((ROOT / SERVERS[name]).read_text())
+        options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
+        model = create_model(name, {**options, "device": "cpu"}, ROOT)
+        for scheduler, steps in (("dpmsolver++", 20), ("ddim", 50), ("euler-ancestral", 30)):
+            params = {"scheduler": scheduler, "sample_steps": steps}
+            reqs = [
+                model.validate(InferenceRequest(req_id="t", params={**params, "seed": seed}))
+                for seed in range(16)
+            ]
+            alone = [model.run(r, RunContext()) for r in reqs]
+            together = model.run_batch(reqs, [RunContext() for _ in reqs])
+            diffs = [
+                np.abs(a - b)
+                for x, y in zip(alone, together, strict=True)
+                for a, b in zip(pixels(x), pixels(y), strict=True)
+            ]
+            row = {
+                "model": name, "scheduler": scheduler, "steps": steps,
+                "max_diff": int(max(d.max() for d in diffs)),
+                "differing": int(sum((d > 0).sum() for d in diffs)),
+                "pixels": int(sum(d.size for d in diffs)),
+            }  # fmt: skip
+            rows.append(row)
+            print(
+                f"| {name} | {scheduler} | {steps} | {row['max_diff']} | "
+                f"{row['differing']} of {row['pixels']} |",
+                flush=True,
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default=None)
+    parser.add_argument("--clients", default="1,4,8,16")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--capacity", type=int, default=8)
+    parser.add_argument("--max-batch-images", type=int, default=32)
+    parser.add_argument("--scheduler", default="dpmsolver++")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--tolerance", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.tolerance:
+        args.models = args.models or ",".join(SERVERS)
+        rows = tolerance(args)
+    else:
+        args.models = args.models or "DDIM,LDM"
+        rows = measure(args)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"args": vars(args) | {"json": None}, "rows": rows}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
