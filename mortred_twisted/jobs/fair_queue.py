@@ -82,12 +82,13 @@ DEFAULT_TERMS = CallerTerms()
 
 
 class _Entry:
-    __slots__ = ("band", "caller", "key", "running")
+    __slots__ = ("band", "caller", "finish", "key", "running")
 
-    def __init__(self, caller: str, band: str, key: tuple[int, int, str]) -> None:
+    def __init__(self, caller: str, band: str, key: tuple[int, int, str], finish: int) -> None:
         self.caller = caller
         self.band = band
         self.key = key  # (start tag, admission sequence, job id)
+        self.finish = finish
         self.running = False
 
 
@@ -146,12 +147,12 @@ class FairQueue:
         weight = min(max(1, int(weight)), MAX_WEIGHT)
         flow = (caller, band)
         start = max(self._vtime[band], self._finish.get(flow, 0))
-        self._finish[flow] = start + TAG_SCALE // weight
+        finish = self._finish[flow] = start + TAG_SCALE // weight
         if not queue:  # a band that wakes up gets no credit for its idle time
             self._pass[band] = max(self._pass[band], self._global_pass)
         key = (start, seq, job_id)
         insort(queue, key)
-        self._entries[job_id] = _Entry(caller, band, key)
+        self._entries[job_id] = _Entry(caller, band, key, finish)
         self._pending[caller] = self._pending.get(caller, 0) + 1
         return start
 
@@ -197,16 +198,20 @@ class FairQueue:
 
     def release(self, job_id: str) -> bool:
         """The job ended (pending: cancelled or expired; running: finished). Its
-        caller's counts drop by one. False when unknown."""
+        caller's counts drop by one; a pending job that was its flow's last gives
+        its virtual time back (a job that never ran costs its caller nothing).
+        False when unknown."""
         entry = self._entries.pop(job_id, None)
         if entry is None:
             return False
+        flow = (entry.caller, entry.band)
         if entry.running:
             _dec(self._running, entry.caller)
         else:
             self._unqueue(entry)
             _dec(self._pending, entry.caller)
-        flow = (entry.caller, entry.band)
+            if self._finish.get(flow) == entry.finish:
+                self._finish[flow] = entry.key[0]
         if not self.active(entry.caller) and self._finish.get(flow, 0) <= self._vtime[entry.band]:
             self._finish.pop(flow, None)  # a tag behind V changes nothing: forget it
         return True

@@ -10,6 +10,11 @@ two ways, chosen by the store (:attr:`JobStore.pull`):
   …)``) so the 202's bytes leave in the iteration in between. The series acquires a
   worker within the job's budget (``async_timeout``: worker wait + run; 0 =
   unlimited), then ``store.begin`` moves it to running and hands out the request.
+  With a fair store (``store.next_pending``) the worker a job's wait obtains goes
+  to the ready job the store names next in its fair order (callers' weights,
+  priority bands), not necessarily to the job that asked first: each waiting job
+  holds one acquire in the pool (so async jobs and ``/infer`` calls still share it
+  first come, first served), and whichever acquire fires hands its lease out.
 - **pull** (a shared store): :meth:`kick` — called on a local submit, on a "queued"
   event from another replica, when a worker comes back and on the maintenance tick
   — takes jobs with ``store.claim_next`` *only while a worker is free*, so no job
@@ -27,6 +32,7 @@ Thread contract: reactor thread only (the model runs on the pool).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +103,12 @@ class JobRunner:
         self._draining = False
         self._pulling = False
         self._starting = 0  # claimed jobs not yet holding a worker
+        # Push mode on a fair store: jobs waiting for a worker, and one pool acquire
+        # per waiting job in the order they were made (the pool fires them FIFO).
+        pick = None if store.pull else getattr(store, "next_pending", None)
+        self._pick: Callable[[Any], str | None] | None = pick
+        self._ready: dict[str, Deferred[WorkerLease[Model]]] = {}
+        self._acquires: deque[Deferred[WorkerLease[Model]]] = deque()
         if store.pull:
             # A worker coming back (from a job or an /infer call) may take a job.
             workers.on_free = lambda: clock.callLater(0, self.kick)
@@ -165,7 +177,7 @@ class JobRunner:
         deadline = None if self._budget_s is None else started + self._budget_s
         self._awaiting_worker.add(job_id)
         try:
-            acquire = self._workers.acquire("async")
+            acquire = self._acquire_in_turn(job_id)
             lease: WorkerLease[Model] = await within(
                 self._clock, acquire, self._remaining(deadline), cancel_on_expiry=True
             )
@@ -192,6 +204,37 @@ class JobRunner:
             lease.release()
             return  # already terminal (shutdown ended it while it waited)
         await self._run(job_id, lease, request, deadline)
+
+    def _acquire_in_turn(self, job_id: str) -> Deferred[WorkerLease[Model]]:
+        """A worker for ``job_id`` when its turn in the store's fair order comes
+        (plain FIFO without a fair store). Cancelling the Deferred gives up the
+        wait and withdraws the newest pool acquire (the others keep their place)."""
+        if self._pick is None:
+            return self._workers.acquire("async")
+
+        def give_up(_d: Deferred[WorkerLease[Model]]) -> None:
+            if self._ready.pop(job_id, None) is not None and self._acquires:
+                self._acquires.pop().cancel()
+
+        mine: Deferred[WorkerLease[Model]] = Deferred(give_up)
+        self._ready[job_id] = mine
+        acquire = self._workers.acquire("async")
+        self._acquires.append(acquire)
+        acquire.addCallbacks(self._hand_out, lambda f: f.trap(CancelledError))
+        return mine
+
+    def _hand_out(self, lease: WorkerLease[Model]) -> None:
+        """A pool acquire fired (the oldest outstanding one): its lease goes to the
+        ready job that starts next in fair order."""
+        self._acquires.popleft()
+        assert self._pick is not None
+        job_id = self._pick(self._ready)
+        if job_id is None:  # none of them is pending any more: the oldest ends it
+            job_id = next(iter(self._ready), None)
+        if job_id is None:
+            lease.release()
+            return
+        self._ready.pop(job_id).callback(lease)
 
     # -- pull ---------------------------------------------------------------------
 

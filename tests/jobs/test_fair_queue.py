@@ -176,12 +176,14 @@ class _Reference:
         self.global_pass = 0
         self.finish: dict[tuple[str, str], int] = {}
         self.pending: list[tuple[str, int, int, str]] = []  # band, tag, seq, id
+        self.last: dict[str, tuple[tuple[str, str], int, int]] = {}  # id -> flow, S, F
 
     def push(self, job_id: str, caller: str, seq: int, weight: int, band: str) -> None:
         if not any(p[0] == band for p in self.pending):
             self.passes[band] = max(self.passes[band], self.global_pass)
         start = max(self.vtime[band], self.finish.get((caller, band), 0))
         self.finish[(caller, band)] = start + TAG_SCALE // weight
+        self.last[job_id] = ((caller, band), start, self.finish[(caller, band)])
         self.pending.append((band, start, seq, job_id))
 
     def next(self) -> str | None:
@@ -200,7 +202,11 @@ class _Reference:
         self.passes[band] += BAND_SCALE // BAND_WEIGHTS[band]
 
     def drop(self, job_id: str) -> None:
+        """A pending job that ends gives its tag back if it was its flow's last."""
         self.pending = [p for p in self.pending if p[3] != job_id]
+        flow, start, finish = self.last[job_id]
+        if self.finish[flow] == finish:
+            self.finish[flow] = start
 
 
 CALLERS = {"a": CallerTerms(weight=1, max_pending=4), "b": CallerTerms(weight=2),
