@@ -61,6 +61,7 @@ class ServerConfig:
     async_max_queue: int = 8
     async_job_ttl: int = 300000
     async_max_completed: int = 100
+    async_max_queue_per_caller: int = 0  # a caller's pending + running (0 = no own limit)
     job_store: str = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_ca_file: str = ""  # rediss://: CA bundle to verify Redis with ("" = system store)
@@ -117,6 +118,7 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "async_max_queue": (int,),
         "async_job_ttl": (int,),
         "async_max_completed": (int,),
+        "async_max_queue_per_caller": (int,),
         "job_store": (str,),
         "redis_url": (str,),
         "redis_ca_file": (str,),
@@ -158,6 +160,7 @@ _RANGES: Mapping[str, tuple[float | None, float | None]] = {
     # async_max_queue <= 0 is legal: it admits nothing (seed contract).
     "async_job_ttl": (0, None),
     "async_max_completed": (0, None),
+    "async_max_queue_per_caller": (0, None),
     "job_lease_ms": (500, None),
     "job_max_attempts": (1, 100),
     "cancel_grace_ms": (0, None),

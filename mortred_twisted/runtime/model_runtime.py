@@ -127,6 +127,7 @@ class ModelRuntime:
                 job_ttl_ms=cfg.async_job_ttl,
                 max_completed=cfg.async_max_completed,
                 clock=self.clock.seconds,
+                max_pending_per_caller=cfg.async_max_queue_per_caller,
             )
             return MemoryJobStore(self.ledger)
         from mortred_twisted.runtime.redis_link import RedisLink
