@@ -174,19 +174,22 @@ def test_a_cancel_through_another_replica_lands_after_a_half_open_link(
         proxy = stack.enter_context(tcp_proxy(redis.port))
         events = stack.enter_context(terminal_events(redis, model_id))
         through = f"redis://127.0.0.1:{proxy.port}/0"
+        # A lease longer than the test: the cancel must reach A itself (no other
+        # replica may reclaim the job meanwhile).
+        lease = {"MORTRED_JOB_LEASE_MS": "30000"}
         a = stack.enter_context(
-            model_server(CONF, env=env(through, model_id, MORTRED_WORKER_NUMS="1"))
+            model_server(CONF, env=env(through, model_id, MORTRED_WORKER_NUMS="1", **lease))
         )
         job = submit(a, 20_000, steps=40)
         wait_until(lambda: state(a, job) == "running", 30, "A to run the job")
-        b = stack.enter_context(model_server(CONF, env=env(redis.url, model_id)))
+        b = stack.enter_context(model_server(CONF, env=env(redis.url, model_id, **lease)))
         proxy.half_open()
         t0 = time.monotonic()
         status, doc = b.json("DELETE", f"/jobs/{job}")
         assert status == 202 and doc["cancel_requested"], doc
         assert wait(b, job) == "cancelled"
-        print(f"\nhalf-open: cancel landed {time.monotonic() - t0:.2f} s after the link "
-              "went silent (redis_timeout_ms 3000)")  # fmt: skip
+        print(f"\nhalf-open: the cancel stopped A's run {time.monotonic() - t0:.2f} s after "
+              "the link went silent (redis_timeout_ms 3000)")  # fmt: skip
         wait_until(lambda: a.json("GET", "/ready")[0] == 200 and
                    metric(a, 'mortred_redis_reconnects_total{connection="events"}') >= 1,
                    30, "A to be back on new connections")  # fmt: skip
