@@ -72,7 +72,7 @@ def follow_events(
     """Record (time, step) of every progress event of ``job`` until it ends."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=600)
     sock.sendall(
-        f"GET /jobs/{job}/events HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode()
+        f"GET /jobs/{job}/events HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
     )
     buf = b""
     with sock:

@@ -17,6 +17,7 @@ from twisted.web.http import RESPONSES
 
 #: Reason phrases twisted.web does not know.
 REASONS: dict[int, bytes] = {
+    421: b"Misdirected Request",
     422: b"Unprocessable Entity",
     429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
@@ -67,7 +68,11 @@ def refusal_bytes(
     """A model port's refusal (any of its servers): JSON, ``no-store``, ``extra``
     headers, an ``X-Request-ID`` (``extra``'s, else the client's ``given_id`` cut to
     256 characters, else ``make_id()``), then ``Connection: close``."""
-    headers = {"Content-Type": "application/json; charset=utf-8", "Cache-Control": "no-store"}
+    headers = {
+        "Content-Type": "application/json; charset=utf-8",
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+    }
     headers.update(extra)
     if "X-Request-ID" not in headers:
         if given_id:

@@ -28,6 +28,7 @@ NOT_FOUND = 63
 JOB_NOT_FINISHED = 64  # (ours) /jobs/{id}/result before the job is done
 NOT_READY = 65
 UNAUTHORIZED = 401
+MISDIRECTED = 421  # (ours) a Host that is not loopback on a port without a token
 TOO_MANY_REQUESTS = 429
 INTERNAL_ERROR = 500
 
@@ -45,6 +46,7 @@ HTTP_STATUS: dict[int, int] = {
     JOB_NOT_FINISHED: 409,
     NOT_READY: 503,
     UNAUTHORIZED: 401,
+    MISDIRECTED: 421,
     TOO_MANY_REQUESTS: 429,
     INTERNAL_ERROR: 500,
 }

@@ -68,7 +68,7 @@ from mortred_twisted.gateway.routing import (
     resolve,
 )
 from mortred_twisted.http.responder import is_json_content_type
-from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE
+from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE, host_refusal
 from mortred_twisted.http11.messages import StreamCut
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http11.upstream_stream import UpstreamStream
@@ -236,6 +236,10 @@ class GatewayApp:
         if not rid or not _REQUEST_ID.match(rid):
             rid = self._request_id().encode("ascii")  # absent or not a sane token: ours
         request.setHeader(b"X-Request-ID", rid)
+        if self.policy.open:  # no token, no keys (loopback only): loopback names only
+            refusal = host_refusal(request.getHeader(b"host"), token_configured=False)
+            if refusal is not None:
+                return self._error(request, 421, refusal, "refused")
         if path == "/healthz":
             if method not in ("GET", "HEAD"):
                 return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})

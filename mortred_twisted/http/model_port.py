@@ -60,6 +60,7 @@ class ModelPortApp:
         self._app = app
         self.model_app = app
         self._hot = app.hot_routes()
+        self._open = not app.config.auth_token
         self._klein = app.app  # the Klein app: its werkzeug map and endpoints
         self._on_finished = on_finished
         self._active = 0
@@ -116,6 +117,10 @@ class ModelPortApp:
         return outcome.addBoth(done)
 
     def _route(self, request: ModelPortRequest) -> bytes | Deferred[bytes]:
+        if self._open:  # no token: loopback Host names only (DNS rebinding)
+            refused = self._app.checks.host_refused(request.getHeader(b"host"))
+            if refused is not None:
+                return self._app.responder.job_error(request, refused)
         matched = self._hot.match(request)
         if matched is not None:
             handler, kwargs = matched

@@ -26,6 +26,7 @@ from mortred_twisted.http11.auth import (
     CLIENT_IP_HEADER,
     WWW_AUTHENTICATE,
     bearer_token,
+    host_refusal,
     token_matches,
 )
 from mortred_twisted.http11.ratelimit import RateLimiter
@@ -93,6 +94,15 @@ class RequestChecks:
             return self.too_large()
         return None
 
+    def host_refused(self, host: bytes | None) -> ApiError | None:
+        """421 for a ``Host`` that is not a loopback name on a port without a token
+        (the DNS-rebinding defence, :func:`~mortred_twisted.http11.auth.host_refusal`);
+        None with a token."""
+        if self.token is not None:
+            return None
+        refusal = host_refusal(host, token_configured=False)
+        return None if refusal is None else ApiError(E.MISDIRECTED, refusal)
+
     def too_large(self) -> ApiError:
         return ApiError(
             E.ENTITY_TOO_LARGE,
@@ -112,9 +122,12 @@ class RequestChecks:
         self, method: bytes, path: bytes, headers: Headers, length: int
     ) -> EarlyResponse | None:
         """The answer to a request with a body, decided from its head alone (before
-        a body byte is read), or None to read it: 404 (no route) → 405 → 401 → 415
-        (POST routes: the body must be JSON) → 413 (``length`` over the limit; -1:
-        chunked, checked while it is read)."""
+        a body byte is read), or None to read it: 421 (Host, on a port without a
+        token) → 404 (no route) → 405 → 401 → 415 (POST routes: the body must be JSON)
+        → 413 (``length`` over the limit; -1: chunked, checked while it is read)."""
+        refused = self.host_refused(headers.getRawHeaders(b"host", [None])[-1])
+        if refused is not None:
+            return self.early_response(path, headers, refused)
         route_path = path.split(b"?", 1)[0]
         try:
             path_info = unquote_to_bytes(route_path).decode("utf-8")

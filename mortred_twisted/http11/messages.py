@@ -14,12 +14,15 @@ from twisted.web.http import RESPONSES, datetimeToString
 _REASONS = {
     **RESPONSES,
     417: b"Expectation Failed",
+    421: b"Misdirected Request",
     422: b"Unprocessable Entity",
     431: b"Request Header Fields Too Large",
 }
 _SERVER = b"mortred"
 _JSON = b"application/json; charset=utf-8"
 _date_cache: list[Any] = [0, b""]
+#: On every answer: a browser never sniffs a type the answer does not declare.
+NOSNIFF = b"X-Content-Type-Options: nosniff\r\n"
 
 
 def http_date() -> bytes:
@@ -152,7 +155,8 @@ def encode_response(
     """Status line, headers and body of ``request``'s answer, as one buffer.
 
     ``Content-Length`` is the app's if it set one (a HEAD answer keeps the GET's),
-    else ``len(body)``; ``Date``, ``Server`` and ``Connection`` are the server's."""
+    else ``len(body)``; ``Date``, ``Server`` and ``Connection`` are the server's, and
+    ``X-Content-Type-Options: nosniff`` unless the app set it."""
     code = request.code
     parts = [b"HTTP/1.1 %d %s\r\n" % (code, _REASONS.get(code, b"Unknown"))]
     items = request.responseHeaders._items
@@ -163,6 +167,8 @@ def encode_response(
             parts += (name, b": ", value, b"\r\n")
     if b"content-length" not in items:
         parts.append(b"Content-Length: %d\r\n" % len(body))
+    if b"x-content-type-options" not in items:
+        parts.append(NOSNIFF)
     parts += (b"Date: ", http_date(), b"\r\nServer: ", server, b"\r\n")
     if close:
         parts.append(b"Connection: close\r\n")
@@ -194,6 +200,8 @@ def encode_stream_head(request: ServerRequest, chunked: bool, server: bytes = _S
     """The head of a streamed answer: ``Transfer-Encoding: chunked`` (HTTP/1.1), or
     no framing and ``Connection: close`` (HTTP/1.0: the close ends the body)."""
     parts = _head(request, _STREAM_OWNED)
+    if b"x-content-type-options" not in request.responseHeaders._items:
+        parts.append(NOSNIFF)
     parts += (b"Date: ", http_date(), b"\r\nServer: ", server, b"\r\n")
     parts.append(b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n")
     return b"".join(parts)
@@ -216,7 +224,7 @@ def error_response(
     return b"".join(
         (
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error")), retry,
-            b"Content-Type: ", _JSON, b"\r\nCache-Control: no-store\r\n",
+            b"Content-Type: ", _JSON, b"\r\nCache-Control: no-store\r\n", NOSNIFF,
             b"Content-Length: %d\r\nDate: " % len(body), http_date(),
             b"\r\nServer: ", server, b"\r\nConnection: close\r\n\r\n", body,
         )

@@ -199,7 +199,7 @@ def read_events(port: int, job: str, first_event: threading.Event) -> list[tuple
     """Read a job's event stream to its end over a raw socket (chunked HTTP/1.1)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.sendall(
-        f"GET /jobs/{job}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"GET /jobs/{job}/events HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
         "Accept: text/event-stream\r\nConnection: close\r\n\r\n".encode()
     )
     buf = b""

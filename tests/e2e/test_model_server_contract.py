@@ -314,7 +314,7 @@ def send_head_read_all(port: int, extra_headers: str) -> bytes:
     """Send only the head of a 64 MiB JSON POST; read until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(
-            f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {URI} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"{extra_headers}Content-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
         )
         response = b""
@@ -341,7 +341,7 @@ def test_precheck_order_405_before_413(sync_server) -> None:
     """An oversized body on a GET-only route is answered 405, not 413."""
     with socket.create_connection(("127.0.0.1", sync_server.port), timeout=10) as sock:
         sock.sendall(
-            b"PUT /healthz HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"PUT /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: 999999999\r\n\r\n"
         )
         response = sock.recv(65536)
@@ -404,7 +404,7 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_with_413() -> None:
     with model_server(SYNC_CONF, env={"MORTRED_REQUEST_SIZE_LIMIT": "0.001"}) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
             sock.sendall(
-                f"POST {URI} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"POST {URI} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 "Transfer-Encoding: chunked\r\n\r\n".encode()
             )
             chunk = b"x" * 800
@@ -473,11 +473,11 @@ def test_connections_beyond_max_connections_are_closed_at_once() -> None:
         held = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(2)]
         try:
             for sock in held:  # make sure both are accepted and counted
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 assert sock.recv(65536).startswith(b"HTTP/1.1 200")
             with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as extra:
                 try:
-                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
                     answer = extra.recv(65536)
                 except ConnectionResetError:
                     answer = b""  # closed while our request was in flight

@@ -53,7 +53,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(
     """A client that sends nothing more after an answer is disconnected once
     peer_resp_timeout has passed, not before."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert _read_answer(sock).startswith(b"HTTP/1.1 200")
         idle_from = time.monotonic()
         assert sock.recv(1) == b"", "the server sent bytes instead of closing"
@@ -68,7 +68,7 @@ def test_a_request_being_handled_is_not_cut_by_the_timeout(server: RunningServer
     assert code == 202, doc
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(
-            f"GET /jobs/{doc['job_id']}/wait?timeout=20000 HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            f"GET /jobs/{doc['job_id']}/wait?timeout=20000 HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
         )
         answer = _read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 200")

@@ -421,3 +421,22 @@ def test_head_writes_no_body_on_any_route() -> None:
         head, sep, rest = raw.partition(b"\r\n\r\n")
         assert sep and head.startswith(b"HTTP/1.1 "), (path, raw[:200])
         assert rest == b"", (path, head, rest[:100])
+
+
+def test_an_open_gateway_answers_only_loopback_host_names() -> None:
+    """No token and no keys (loopback only): a Host that is not a loopback name is a
+    421 (DNS rebinding), before routing; localhost is served; nosniff everywhere."""
+    h = Harness()
+    h.app.policy = AccessPolicy(
+        static_token="", keys=KeyRing([]), limiter=RateLimiter(h.clock.seconds)
+    )
+    for host in ("evil.example", "127.0.0.1.nip.io"):
+        client = Client(h)
+        client.proto.dataReceived(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        response, body = client.answer() or (None, b"")
+        assert response is not None and response.code == 421 and b"loopback" in body
+        assert response.headers.getRawHeaders("x-content-type-options") == ["nosniff"]
+    client = Client(h)
+    client.proto.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: localhost:8080\r\n\r\n")
+    answer = client.answer()
+    assert answer is not None and answer[0].code == 200

@@ -61,3 +61,33 @@ def test_the_owner_an_all_scope_caller_and_the_port_token_see_the_job(who: dict[
     assert status == 200 and doc["job_id"] == job
     status, _, _ = call(stub, "DELETE", f"/jobs/{job}", headers=who)
     assert status in (200, 202)
+
+
+@pytest.mark.parametrize("host", ["evil.example", "127.0.0.1.nip.io:8080", "10.0.0.7", None])
+def test_a_port_without_a_token_answers_only_loopback_host_names(host: str | None) -> None:
+    """DNS rebinding: a model port without a token answers 421 to a Host that is not a
+    loopback name (GET or POST, before any body byte), and serves localhost."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    from mortred_twisted.http.model_port import ModelPortFactory
+    from tests.http11.test_server import responses
+    from tests.support.memory_http import MemoryClient
+
+    app, _clock, _threads, client = make_app(worker_nums=1)
+    factory = ModelPortFactory.for_app(app, Clock())
+    line = b"" if host is None else b"Host: " + host.encode() + b"\r\n"
+    for raw in (b"GET /healthz HTTP/1.0\r\n" + line + b"\r\n",
+                b"POST /jobs HTTP/1.0\r\n" + line + b"Content-Length: 900\r\n\r\n"):  # fmt: skip
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(raw)
+        (status, headers, body), *_ = responses(transport.value())
+        assert status == 421 and b"loopback" in body
+        assert headers[b"x-content-type-options"] == b"nosniff"
+    assert isinstance(client, MemoryClient)
+    d = client.get("http://localhost:8080/healthz")
+    client.flush()
+    assert d.result.code == 200

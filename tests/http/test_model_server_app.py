@@ -53,7 +53,7 @@ def call(
     if body is not None:
         kwargs["data"] = json.dumps(body).encode()
         kwargs["headers"]["Content-Type"] = "application/json"
-    d = stub.request(method, "http://x" + url, **kwargs)
+    d = stub.request(method, "http://localhost" + url, **kwargs)
     stub.flush()
     responses: list = []
     d.addCallback(responses.append)
@@ -84,7 +84,7 @@ def test_wait_parks_on_the_counter_and_wakes_on_terminal() -> None:
     app, clock, threads, stub = make_app()
     _c, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
     job = doc["job_id"]
-    d = stub.get(f"http://x/jobs/{job}/wait?timeout=60000")
+    d = stub.get(f"http://localhost/jobs/{job}/wait?timeout=60000")
     stub.flush()
     assert app.runtime.counters.waiting(job) == 1
     got: list = []
@@ -102,7 +102,7 @@ def test_wait_budget_expiry_answers_with_the_current_state() -> None:
     """When the wait budget ends first, the answer carries the non-terminal state."""
     app, clock, _threads, stub = make_app()
     _c, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
-    d = stub.get(f"http://x/jobs/{doc['job_id']}/wait?timeout=250")
+    d = stub.get(f"http://localhost/jobs/{doc['job_id']}/wait?timeout=250")
     stub.flush()
     got: list = []
     d.addCallback(got.append)
@@ -120,7 +120,7 @@ def test_client_disconnect_during_wait_removes_the_waiter() -> None:
     app, clock, _threads, stub = make_app()
     _c, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
     job = doc["job_id"]
-    d = stub.get(f"http://x/jobs/{job}/wait?timeout=60000")
+    d = stub.get(f"http://localhost/jobs/{job}/wait?timeout=60000")
     stub.flush()
     assert app.runtime.counters.waiting(job) == 1
     d.addErrback(lambda f: None)
@@ -144,12 +144,12 @@ def test_sync_request_cancelled_while_queued_leaves_the_queue() -> None:
     """A sync request whose client leaves while waiting for a worker is not run."""
     app, _clock, threads, stub = make_app()
     first = stub.post(
-        "http://x/infer", data=json.dumps({"images": [IMG]}).encode(),
+        "http://localhost/infer", data=json.dumps({"images": [IMG]}).encode(),
         headers={"Content-Type": "application/json"},
     )  # fmt: skip
     stub.flush()
     second = stub.post(
-        "http://x/infer", data=json.dumps({"images": [IMG]}).encode(),
+        "http://localhost/infer", data=json.dumps({"images": [IMG]}).encode(),
         headers={"Content-Type": "application/json"},
     )  # fmt: skip
     stub.flush()

@@ -241,7 +241,7 @@ def serve(**model: Any) -> tuple[ModelRuntime, HandThreads, MemoryClient]:
 
 def post(stub: MemoryClient, url: str, images: Sequence[bytes]) -> tuple[int, dict[str, Any]]:
     body = {"images": [base64.b64encode(i).decode() for i in images]}
-    d = stub.request("POST", "http://x" + url, data=json.dumps(body).encode(),
+    d = stub.request("POST", "http://localhost" + url, data=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json"})  # fmt: skip
     stub.flush()
     out: list[Any] = []
@@ -274,7 +274,7 @@ def test_over_http_both_paths_answer_413_or_400_before_the_model_runs(
     assert runtime.ledger.nonterminal_ids() == []  # no job admitted
     # Within the limits: admitted (a job, or a sync run handed to the worker pool).
     body = {"images": [base64.b64encode(real_png(64, 64)).decode()] * 2}
-    stub.request("POST", "http://x" + url, data=json.dumps(body).encode(),
+    stub.request("POST", "http://localhost" + url, data=json.dumps(body).encode(),
                  headers={"Content-Type": "application/json"})  # fmt: skip
     stub.flush()
     assert threads.pending == 1 or len(runtime.ledger.nonterminal_ids()) == 1
