@@ -44,7 +44,7 @@ def _b64(field: str, value: Any) -> bytes:
 
 
 #: Envelope fields only a job submit accepts (taken out into ``job_fields``).
-JOB_ONLY_FIELDS = ("webhook", "webhook_events_filter")
+JOB_ONLY_FIELDS = ("webhook", "webhook_events_filter", "priority")
 
 
 def parse_envelope(

@@ -31,6 +31,7 @@ from twisted.web.iweb import IRequest
 from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.fair_share import caller_terms, check_priority, over_quota, queue_body
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
 from mortred_twisted.http11 import sse
@@ -105,6 +106,29 @@ class JobRoutes:
         return then(
             self.runtime.store.snapshot(job_id), lambda s: self.visible(request, s) is not None
         )
+
+    def terms(self, request: IRequest) -> Any:
+        """The caller's :class:`~mortred_twisted.jobs.fair_queue.CallerTerms`
+        (weight, own limit, highest priority; ``http/fair_share.py``)."""
+        raw = request.requestHeaders.getRawHeaders(PRINCIPAL_HEADER, [None])[0]
+        return caller_terms(request, trusted=self.checks.token is not None, has_principal=bool(raw))
+
+    # -- queue --------------------------------------------------------------------
+
+    def queue(self, request: IRequest) -> Any:
+        """``GET /queue``: the model's queue, per caller for a caller that sees every
+        job, else its own line only."""
+        err = self.job_get_prechecks(request)
+        if err is not None:
+            return self.responder.job_error(request, err)
+        rid = self.responder.request_id_header(request)
+        view = getattr(self.runtime.store, "queue_view", None)
+        if view is None:
+            missing = ApiError(E.NOT_FOUND, "this job store does not show its queue yet")
+            return self.responder.job_error(request, missing, rid)
+        owner, sees_all = self.principal(request)
+        body = queue_body(view(None if sees_all else owner))
+        return self.responder.respond(request, 200, body, rid)
 
     # -- cancel -------------------------------------------------------------------
 
@@ -258,6 +282,8 @@ class JobRoutes:
             key = check_key(self.responder.header(request, b"idempotency-key"))
             valid, req_id = self.checks.parse_and_validate(request, job_fields)
             webhook = self._webhook_target(job_fields)
+            terms = self.terms(request)
+            priority = check_priority(job_fields, terms)
             err = self.checks.rate_limited(request)
             if err is not None:
                 raise err
@@ -271,10 +297,14 @@ class JobRoutes:
         if key is not None:
             request.content.seek(0)
             fp = fingerprint(request.content.read())
+        # A fair store places the job by the caller's terms and band (the Redis
+        # store takes neither yet: its jobs start first in, first out).
+        fair = {"terms": terms, "priority": priority} if getattr(rt.store, "fair", False) else {}
         admitted = rt.store.admit(
-            valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook
-        )
-        answer = then(admitted, lambda a: self._admitted(request, a, req_id))
+            valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook,
+            **fair,
+        )  # fmt: skip
+        answer = then(admitted, lambda a: self._admitted(request, a, req_id, owner))
         return self.responder.store_errors(request, answer, req_id)
 
     def _webhook_target(self, fields: dict[str, Any]) -> tuple[str, frozenset[str]] | None:
@@ -290,7 +320,9 @@ class JobRoutes:
             raise ApiError(E.INVALID_REQUEST, f"invalid request: {exc}") from None
         return url, events
 
-    def _admitted(self, request: IRequest, admission: Admission, req_id: str) -> bytes:
+    def _admitted(
+        self, request: IRequest, admission: Admission, req_id: str, owner: str = ""
+    ) -> bytes:
         rt = self.runtime
         job_id = admission.job_id
         if admission.conflict:
@@ -299,6 +331,13 @@ class JobRoutes:
                 "Idempotency-Key: already used for a different request body",
             )
             return self.responder.job_error(request, conflict, req_id)
+        if job_id is None and admission.over_quota:
+            rt.metrics.async_rejected.inc()
+            pending, running, callers = rt.store.active_of(owner)
+            refused = over_quota(
+                owner, admission.limit, pending, running, callers, rt.mean_run_s("async")
+            )
+            return self.responder.job_error(request, refused, req_id)
         if job_id is None:
             rt.metrics.async_rejected.inc()
             full = ApiError(

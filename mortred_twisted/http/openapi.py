@@ -164,6 +164,14 @@ def build_openapi(
                 },
             },
         },
+        "/queue": {
+            "get": {
+                "summary": "The model's queue: depth, running, oldest wait; one line per "
+                "caller for a caller that sees every job, else the caller's own line",
+                "security": security,
+                "responses": {"200": _json({"type": "object"}, "the queue")},
+            }
+        },
         "/jobs/{job_id}/events": {
             "get": {
                 "summary": "Live events (text/event-stream): state, progress, then a terminal "
@@ -251,6 +259,12 @@ def build_openapi(
                             "type": "array",
                             "items": {"type": "string", "enum": ["start", "progress", "completed"]},
                             "description": "jobs only: events to deliver (default all)",
+                        },
+                        "priority": {
+                            "type": "string",
+                            "enum": ["low", "normal", "high"],
+                            "default": "normal",
+                            "description": "jobs only: band; at most the key's max_priority",
                         },
                     },
                     "additionalProperties": False,

@@ -125,6 +125,11 @@ class FairQueue:
     def pending_count(self) -> int:
         return sum(len(q) for q in self._bands.values())
 
+    @property
+    def caller_count(self) -> int:
+        """Callers holding a pending or running job."""
+        return len(set(self._pending) | set(self._running))
+
     def callers(self) -> list[str]:
         """Callers holding a pending or running job."""
         return sorted(set(self._pending) | set(self._running))

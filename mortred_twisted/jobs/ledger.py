@@ -340,10 +340,12 @@ class AsyncJobTable(Generic[RequestT]):
             return terms.max_pending
         return self._per_caller
 
-    def active_of(self, owner: str) -> tuple[int, int]:
-        """``(pending, running)`` jobs of ``owner``."""
+    def active_of(self, owner: str) -> tuple[int, int, int]:
+        """``(pending, running)`` jobs of ``owner`` and the number of callers
+        holding pending or running jobs."""
         with self._lock:
-            return self._fair.pending_of(owner), self._fair.running_of(owner)
+            fair = self._fair
+            return fair.pending_of(owner), fair.running_of(owner), fair.caller_count
 
     def next_pending(
         self, eligible: Container[str] | Callable[[str], bool] | None = None

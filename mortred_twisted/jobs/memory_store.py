@@ -90,7 +90,7 @@ class MemoryJobStore(Generic[RequestT]):
     def caller_limit(self, terms: CallerTerms = DEFAULT_TERMS) -> int:
         return self.ledger.caller_limit(terms)
 
-    def active_of(self, owner: str) -> tuple[int, int]:
+    def active_of(self, owner: str) -> tuple[int, int, int]:
         return self.ledger.active_of(owner)
 
     def webhook_of(self, job_id: str) -> tuple[str, frozenset[str]] | None:
