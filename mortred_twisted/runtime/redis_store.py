@@ -31,8 +31,9 @@ before its claim's reply arrived, still stops the run (``on_cancel``, which may 
 called more than once per job). A ``c`` for a job not (yet) held is remembered for
 a while and applied when the claim's reply comes in.
 
-**Progress** (:meth:`set_progress`, any thread) is coalesced per job: at most one
-write every ``PROGRESS_INTERVAL_S`` plus the last step, one reactor hop per write.
+**Progress** (:meth:`set_progress`, any thread) is coalesced per job
+(:class:`~mortred_twisted.runtime.redis_progress.ProgressWriter`): at most five
+writes a second plus the last step, one reactor hop per write.
 The write publishes a ``p`` event only while some replica's event stream follows
 the job: each replica refreshes a short-lived ``follow`` key for the jobs its
 streams follow (once a second, only while it has any).
@@ -45,7 +46,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +77,7 @@ from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
 from mortred_twisted.jobs.store import Claim, StoreUnavailable
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.redis_link import RedisLink
+from mortred_twisted.runtime.redis_progress import ProgressWriter
 
 log = Logger()
 
@@ -84,8 +85,6 @@ log = Logger()
 __all__ = ["LOST_REPLICA_ERROR", "RedisJobStore", "replica_name"]
 
 RETRY_TERMINAL_S = 0.25
-#: at most one progress write per job this often (plus the last step)
-PROGRESS_INTERVAL_S = 0.2
 #: how often this replica refreshes the follow keys of the jobs its streams follow
 FOLLOW_REFRESH_S = 1.0
 FOLLOW_TTL_MS = 3000
@@ -150,12 +149,7 @@ class RedisJobStore:
         self._stopped = False
         # c messages for jobs not held (yet): job id -> when it arrived
         self._early_cancels: OrderedDict[str, float] = OrderedDict()
-        # progress: the latest step per job (written by model threads), and per job
-        # the time of its last write and the timer of the next one (reactor thread)
-        self._progress_lock = threading.Lock()
-        self._progress_latest: dict[str, tuple[int, int]] = {}
-        self._progress_at: dict[str, float] = {}
-        self._progress_timers: dict[str, Any] = {}
+        self._progress = ProgressWriter(reactor, self._write_progress)
         self._resync_pending = False
         self._follow = LoopingCall(self._refresh_follows)
         self._follow.clock = reactor
@@ -186,10 +180,7 @@ class RedisJobStore:
         self._stopped = True
         if self._follow.running:
             self._follow.stop()
-        for timer in self._progress_timers.values():
-            if timer.active():
-                timer.cancel()
-        self._progress_timers.clear()
+        self._progress.stop()
         return self.link.stop()
 
     def _script(self, name: str, *args: Any, keys: tuple[str, ...] = ()) -> Deferred[Any]:
@@ -351,7 +342,7 @@ class RedisJobStore:
         accepted ends ``cancelled`` even when ``state`` is ``done``."""
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state!r}")
-        self._forget_progress(job_id)
+        self._progress.forget(job_id)
         if job_id in self._handed_back:  # the run we stopped: the job is queued again
             self._handed_back.discard(job_id)
             return succeed(False)
@@ -388,56 +379,21 @@ class RedisJobStore:
     # -- progress -------------------------------------------------------------------
 
     def set_progress(self, job_id: str, step: int, total: int) -> None:
-        """Any thread. Coalesced: one reactor hop per write (see the module docstring)."""
-        with self._progress_lock:
-            first = job_id not in self._progress_latest
-            self._progress_latest[job_id] = (step, total)
-        if first or step >= total:
-            self._reactor.callFromThread(self._progress_due, job_id)
+        """Any thread. Coalesced (:class:`ProgressWriter`): ≤ 5 writes a second per
+        job plus the last step; each write reads the job's cancel flag back."""
+        self._progress.report(job_id, step, total)
 
-    def _progress_due(self, job_id: str) -> None:
-        if job_id in self._progress_timers:
-            with self._progress_lock:
-                latest = self._progress_latest.get(job_id)
-            if latest is None or latest[0] < latest[1]:
-                return  # a write is already scheduled; it takes the latest step
-            timer = self._progress_timers.pop(job_id)
-            if timer.active():
-                timer.cancel()
-        wait = self._progress_at.get(job_id, float("-inf")) + PROGRESS_INTERVAL_S
-        wait -= self._reactor.seconds()
-        with self._progress_lock:
-            latest = self._progress_latest.get(job_id)
-        if latest is not None and latest[0] < latest[1] and wait > 0:
-            self._progress_timers[job_id] = self._reactor.callLater(
-                wait, self._write_progress, job_id
-            )
+    def _write_progress(self, job_id: str, text: str) -> None:
+        if job_id not in self._held:
             return
-        self._write_progress(job_id)
-
-    def _write_progress(self, job_id: str) -> None:
-        self._progress_timers.pop(job_id, None)
-        with self._progress_lock:
-            latest = self._progress_latest.pop(job_id, None)
-        if latest is None or job_id not in self._held:
-            return
-        self._progress_at[job_id] = self._reactor.seconds()
         keys = (job_key(self._prefix, job_id), follow_key(self._prefix, job_id))
-        d = self._script("progress", job_id, self.owner, f"{latest[0]}/{latest[1]}", keys=keys)
+        d = self._script("progress", job_id, self.owner, text, keys=keys)
 
         def flagged(reply: Any) -> None:
             if reply and int(reply[1]):
                 self._cancel_held(job_id)  # a cancel whose message never came
 
         d.addCallbacks(flagged, lambda _f: None)  # progress is best effort
-
-    def _forget_progress(self, job_id: str) -> None:
-        timer = self._progress_timers.pop(job_id, None)
-        if timer is not None and timer.active():
-            timer.cancel()
-        with self._progress_lock:
-            self._progress_latest.pop(job_id, None)
-        self._progress_at.pop(job_id, None)
 
     def _refresh_follows(self) -> None:
         """Mark the jobs that event streams here follow (a ``p`` event per write)."""
@@ -508,7 +464,7 @@ class RedisJobStore:
         if job_id not in self._held:
             return succeed(False)
         self._handed_back.add(job_id)
-        self._forget_progress(job_id)
+        self._progress.forget(job_id)
         d = self._script("hand_back", job_id, self.owner, keys=self._job(job_id))
 
         def released(result: Any) -> Any:
