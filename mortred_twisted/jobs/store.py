@@ -132,7 +132,12 @@ class JobStore(Protocol[RequestT]):
 
     def cancel(self, job_id: str) -> Maybe[tuple[CancelOutcome, JobSnapshot | None]]:
         """Pending → ``cancelled`` at once; running → flagged (the runner that runs
-        it stops it); terminal → unchanged. What happened, and the snapshot after."""
+        it stops it); terminal → unchanged. What happened, and the snapshot after.
+
+        An accepted cancel (``cancelled`` or ``requested``) is never lost and never
+        ends ``done``: a shared store keeps the flag with the job and its replicas
+        read it (at claim, lease renewal, progress writes, reconnection); a run that
+        returns a result after the flag ends ``cancelled``."""
         ...
 
     def webhook_of(self, job_id: str) -> Maybe[tuple[str, frozenset[str]] | None]:
@@ -191,5 +196,7 @@ class JobStore(Protocol[RequestT]):
 
     def hand_back(self, job_id: str) -> Maybe[bool]:
         """Give a job this replica runs back to the queue (graceful stop of a
-        replica). False when the store cannot (memory) or the job is not ours."""
+        replica). False when the store cannot (memory) or the job is not ours. The
+        replica stops holding the job even when the store cannot be reached (its
+        lease then expires and another replica re-runs it)."""
         ...
