@@ -3,12 +3,16 @@
 A model with ``run_capacity > 1`` offers a :class:`~mortred_twisted.models.base.StepBatch`
 (the denoising steps of concurrent diffusion jobs, for one): the job runner and the
 sync path then call :func:`run_model`, which hands the run to the instance's
-:class:`StepLoop` instead of a thread of its own. The loop runs **one call per step**
-on the model thread pool (``ThreadRunner.run``, i.e. ``deferToThreadPool``): the call
-joins the runs submitted since the previous step (they join at the step boundary,
-never in the middle of one), advances every run by one step, and returns the runs
-that left; their Deferreds fire on the reactor. The loop stops when the batch is
-empty and restarts on the next submit.
+:class:`StepLoop` instead of a thread of its own. The loop runs on the model thread
+pool (``ThreadRunner.run``, i.e. ``deferToThreadPool``), one call at a time: a call
+joins the runs submitted before it (they join at a step boundary, never in the
+middle of a step), then advances every run step by step until a run leaves or a new
+run is waiting to join, and returns the runs that left; their Deferreds fire on the
+reactor, and the next call starts at once. So a newcomer joins at the next step
+boundary, while a steady batch costs no reactor round trip per step (on a busy
+machine each one waits for the reactor thread to be scheduled). Progress,
+cancellation and timeouts are per run and per step inside the call (``RunContext``).
+The loop stops when the batch is empty and restarts on the next submit.
 
 Ownership and leases: the Deferred :meth:`StepLoop.submit` returns fires once, when
 the run has left the batch (done, failed, cancelled): the worker-pool slot the caller
@@ -18,7 +22,8 @@ not a run's failure) fails every run in the batch and empties it.
 
 Thread contract: :func:`run_model`, :meth:`StepLoop.submit` and the loop's bookkeeping
 run on the reactor thread; :func:`_tick` runs on the model thread pool, one at a time
-per loop (the loop awaits each tick before it issues the next). No torch here.
+per loop (the loop awaits each tick before it issues the next), and reads only
+:meth:`StepLoop.newcomers_waiting` of the loop (one attribute read). No torch here.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,13 +98,17 @@ class StepLoop:
         #: perf_counter at join, per key; written and read on the pool thread only.
         self._joined_at: dict[int, float] = {}
         self._looping = False
-        #: Steps run so far (each one thread call); for tests and the benchmark.
+        #: Thread calls so far (each one step or more); for tests.
         self.ticks = 0
 
     @property
     def runs(self) -> int:
         """Runs submitted and not yet left (joining or in the batch)."""
         return len(self._joining) + len(self._running)
+
+    def newcomers_waiting(self) -> bool:
+        """Whether runs wait to join (read by the pool thread between two steps)."""
+        return bool(self._joining)
 
     def submit(self, request: InferenceRequest, ctx: RunContext) -> Deferred[EncodedResult]:
         """Add a run; it joins the batch at the next step boundary (reactor thread)."""
@@ -120,7 +130,7 @@ class StepLoop:
                     self._running[entry.key] = entry
                 left = await self._threads.run(
                     _tick, batch, [(e.key, e.request, e.ctx) for e in joining],
-                    self._joined_at,
+                    self._joined_at, self.newcomers_waiting,
                 )  # fmt: skip
                 self.ticks += 1
                 del batch
@@ -150,8 +160,10 @@ def _tick(
     batch: StepBatch,
     joining: list[tuple[int, InferenceRequest, RunContext]],
     joined_at: dict[int, float],
+    newcomers_waiting: Callable[[], bool],
 ) -> list[tuple[int, EncodedResult | BaseException]]:
-    """Pool-thread body of one step: join the newcomers, step, encode who left."""
+    """Pool-thread body: join the newcomers, step until a run leaves or another run
+    waits to join, encode who left."""
     left: list[tuple[int, Any]] = []
     for key, request, ctx in joining:
         joined_at[key] = time.perf_counter()
@@ -160,8 +172,10 @@ def _tick(
         except Exception as exc:
             left.append((key, exc))
     try:
-        if batch.active:
+        while batch.active:
             left.extend(batch.step())
+            if left or newcomers_waiting():
+                break
     except Exception as exc:
         # Not one run's failure (those are outcomes): the batch's state is unknown.
         log.failure("a step of the batch failed; every run in it fails")

@@ -209,14 +209,21 @@ def test_a_model_of_capacity_one_runs_on_a_thread_of_its_own() -> None:
     assert out[0].data_json == b'{"plain":"p"}'
 
 
-def test_step_loop_counts_its_runs_and_ticks() -> None:
-    """runs counts submitted runs until they leave; ticks counts thread calls."""
+def test_a_steady_batch_steps_on_without_a_reactor_round_trip() -> None:
+    """While no run leaves and none waits to join, one thread call runs step after
+    step; a run leaving ends the call (its Deferred fires), and runs counts submitted
+    runs until they leave."""
     threads, batch = HandThreads(), CountingBatch()
     loop = StepLoop(batch, threads)
-    loop.submit(request("a", steps=2), RunContext())
-    assert loop.runs == 1
-    threads.drain()
-    assert loop.runs == 0 and loop.ticks == 2
+    short = results(loop.submit(request("a", steps=2), RunContext()))
+    loop.submit(request("b", steps=5), RunContext())  # joins after the first step
+    assert loop.runs == 2
+    threads.step()
+    assert batch.forwards == [[1]] and loop.ticks == 1
+    threads.step()  # b joined; a leaves after its second step
+    assert batch.forwards == [[1], [1, 2]] and short and loop.runs == 1
+    threads.step()  # b alone: its four remaining steps in one call
+    assert batch.forwards[2:] == [[2]] * 4 and loop.ticks == 3 and loop.runs == 0
 
 
 def test_worker_pool_counts_a_batching_model_as_its_capacity_in_slots() -> None:
@@ -305,7 +312,6 @@ def test_a_timed_out_batched_job_keeps_its_slot_until_it_has_left_the_batch() ->
     clock, threads, ledger, pool, model, runner = runner_setup(capacity=2, budget_ms=500)
     job = admit(ledger, runner, steps=10)
     clock.advance(0)
-    threads.step()
     clock.advance(0.5)
     assert ledger.state(job) is JobState.TIMEOUT and pool.busy == 1
     threads.step()
