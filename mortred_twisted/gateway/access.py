@@ -27,7 +27,7 @@ import hashlib
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from mortred_twisted.gateway.apikeys import KeyRing
+from mortred_twisted.gateway.apikeys import ApiKey, KeyRing
 from mortred_twisted.http11.auth import bearer_token, is_loopback_host, token_matches
 from mortred_twisted.http11.ratelimit import RateLimiter
 
@@ -52,6 +52,9 @@ class Decision:
     caller: bytes = b""
     #: the caller lists every job (``X-Mortred-Principal-Scope: all``)
     all_jobs: bool = False
+    #: the key's share on the model, as headers (``X-Mortred-Weight``,
+    #: ``-Max-Pending``, ``-Max-Priority``), sent with the internal token only
+    terms: tuple[tuple[bytes, bytes], ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -61,8 +64,10 @@ class Decision:
 #: The model server keeps this many characters of a principal: longer key names are
 #: named by their hash so that two never share a truncated prefix.
 MAX_CALLER = 128
-_OPEN = Decision(0, "anonymous", caller=b"anonymous", all_jobs=True)
-_STATIC = Decision(0, "static-token", caller=b"gateway-token", all_jobs=True)
+#: The operator (open gateway, static token) may ask for every priority.
+_OPERATOR_TERMS = ((b"x-mortred-max-priority", b"high"),)
+_OPEN = Decision(0, "anonymous", caller=b"anonymous", all_jobs=True, terms=_OPERATOR_TERMS)
+_STATIC = Decision(0, "static-token", caller=b"gateway-token", all_jobs=True, terms=_OPERATOR_TERMS)
 _METRICS_TOKEN = Decision(0, "metrics-token")
 
 
@@ -72,6 +77,15 @@ def key_caller(name: str) -> bytes:
     if len(value) > MAX_CALLER:
         value = "key:sha256:" + hashlib.sha256(name.encode("utf-8")).hexdigest()
     return value.encode("ascii")
+
+
+def key_terms(key: ApiKey) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers that carry ``key``'s share to the model (see :class:`Decision`)."""
+    return (
+        (b"x-mortred-weight", str(key.weight).encode()),
+        (b"x-mortred-max-pending", str(key.max_pending).encode()),
+        (b"x-mortred-max-priority", key.max_priority.encode()),
+    )
 
 
 def check_startup(host: str, static_token: str, keys: KeyRing, internal_token: str = "") -> None:
@@ -116,7 +130,7 @@ class AccessPolicy:
         self.keys = keys
         self._limiter = limiter
         #: key name -> its caller header value (computed once per name)
-        self._callers: dict[str, bytes] = {}
+        self._callers: dict[str, tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
 
     @property
     def open(self) -> bool:
@@ -153,7 +167,8 @@ class AccessPolicy:
             return Decision(
                 429, key.name, f"rate limit exceeded for key {key.name!r}", retry, "rate"
             )
-        caller = self._callers.get(key.name)
-        if caller is None:
-            caller = self._callers[key.name] = key_caller(key.name)
-        return Decision(0, key.name, caller=caller, all_jobs=key.scope == "all")
+        known = self._callers.get(key.name)
+        if known is None:
+            known = self._callers[key.name] = (key_caller(key.name), key_terms(key))
+        caller, terms = known
+        return Decision(0, key.name, caller=caller, all_jobs=key.scope == "all", terms=terms)

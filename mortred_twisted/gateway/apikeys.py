@@ -8,6 +8,10 @@ File format::
     scope = "inference"        # "inference" (/v1/models/...) or "all" (also /metrics)
     enabled = true
     rate_limit_qps = 5         # 0 = unlimited
+    max_pending = 20           # its pending + running jobs per model (0 = the model's
+                               #   async_max_queue_per_caller)
+    weight = 1                 # its share of starts while others wait (1..1000)
+    max_priority = "normal"    # highest job priority it may ask for (low|normal|high)
 
 A missing file is an empty key ring. Every problem is reported at once
 (:class:`ConfigErrors`); the caller keeps the previous ring when a reload fails.
@@ -28,7 +32,12 @@ from mortred_twisted.config.errors import ConfigErrors, did_you_mean
 
 SCOPES = ("inference", "all")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_KEY_FIELDS = ("name", "sha256", "scope", "enabled", "rate_limit_qps")
+_KEY_FIELDS = (
+    "name", "sha256", "scope", "enabled", "rate_limit_qps", "max_pending", "weight",
+    "max_priority",
+)  # fmt: skip
+PRIORITIES = ("low", "normal", "high")
+MAX_WEIGHT = 1000
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,9 @@ class ApiKey:
     scope: str = "inference"
     enabled: bool = True
     rate_limit_qps: float = 0.0
+    max_pending: int = 0
+    weight: int = 1
+    max_priority: str = "normal"
 
 
 def hash_key(key: str) -> str:
@@ -112,7 +124,21 @@ def parse_keys(document: dict[str, Any], source: str = "<memory>") -> KeyRing:
         if isinstance(qps, bool) or not isinstance(qps, (int, float)) or qps < 0:
             problems.append(f"{where}.rate_limit_qps: expected a number >= 0")
             qps = 0
-        keys.append(ApiKey(name, digest.lower(), scope, bool(enabled), float(qps)))
+        max_pending = item.get("max_pending", 0)
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0:
+            problems.append(f"{where}.max_pending: expected an integer >= 0")
+            max_pending = 0
+        weight = item.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+            problems.append(f"{where}.weight: expected an integer from 1 to {MAX_WEIGHT}")
+            weight = 1
+        top = item.get("max_priority", "normal")
+        if top not in PRIORITIES:
+            problems.append(f"{where}.max_priority: must be one of {', '.join(PRIORITIES)}")
+            top = "normal"
+        keys.append(
+            ApiKey(name, digest.lower(), scope, bool(enabled), float(qps), max_pending, weight, top)
+        )
     if problems:
         raise ConfigErrors(source, problems)
     return KeyRing(keys)

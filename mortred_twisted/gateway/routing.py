@@ -62,6 +62,7 @@ class RouteKind(enum.Enum):
     CANCEL = "jobs_cancel"
     LIST = "jobs_list"
     EVENTS = "jobs_events"
+    QUEUE = "queue"
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -74,6 +75,7 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.RESULT: {"GET": RouteKind.RESULT},
     RouteKind.EVENTS: {"GET": RouteKind.EVENTS},
     RouteKind.LEGACY: {"POST": RouteKind.LEGACY},
+    RouteKind.QUEUE: {"GET": RouteKind.QUEUE},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -223,6 +225,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
             return Match(RouteKind.INFER, model_id)
         if rest == ["jobs"]:
             return Match(RouteKind.SUBMIT, model_id)
+        if rest == ["queue"]:
+            return Match(RouteKind.QUEUE, model_id)
         if len(rest) >= 2 and rest[0] == "jobs" and rest[1]:
             job = rest[1]
             if len(rest) == 2:
@@ -289,6 +293,8 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, entry.server_uri)
     if m.kind is RouteKind.SUBMIT:
         return Route(m.kind, entry, "/jobs")
+    if m.kind is RouteKind.QUEUE:
+        return Route(m.kind, entry, "/queue")
     if m.kind is RouteKind.LIST:
         forwarded = list_query(query) if query else ""
         return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))

@@ -96,6 +96,7 @@ _JOB_ROUTES = frozenset(
         RouteKind.CANCEL,
         RouteKind.LIST,
         RouteKind.EVENTS,
+        RouteKind.QUEUE,
     }
 )
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model).
@@ -302,6 +303,9 @@ class GatewayApp:
                 headers[PRINCIPAL] = [decision.caller]
                 if decision.all_jobs:
                     headers[PRINCIPAL_SCOPE] = _SCOPE_ALL
+                if kind is RouteKind.SUBMIT or kind is RouteKind.QUEUE:
+                    for name, value in decision.terms:  # the key's share (fair_share.py)
+                        headers[name] = [value]
         return headers
 
     def _forward(

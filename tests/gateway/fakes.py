@@ -116,6 +116,11 @@ class FakeModel:
             jobs = [view("job_b", state="running"), view("job_a", state="done")]
             return js(request, 200, {"jobs": jobs, "next_cursor": None})
 
+        @app.route("/queue", methods=["GET"])
+        def queue(request: Any) -> bytes:
+            record(request)
+            return js(request, 200, {"depth": 0, "pending": 0, "running": 0, "callers": []})
+
         @app.route("/jobs/<job>/events", methods=["GET"])
         def events(request: Any, job: str) -> Any:
             record(request)
