@@ -195,7 +195,7 @@ class _Keeper:
     def _connected(self, proto: RespConnection) -> None:
         self._connecting = None
         self._proto = proto
-        proto.lost.addCallback(lambda _p: self._again())
+        proto.lost.addCallback(self._gone)
         if not self._running:
             proto.transport.loseConnection()
             return
@@ -209,6 +209,10 @@ class _Keeper:
                 proto.transport.abortConnection()  # lost -> the next attempt
 
         self._prepare(proto).addCallbacks(ready, failed)
+
+    def _gone(self, proto: RespConnection) -> RespConnection:
+        self._again()
+        return proto  # the link's own callbacks on ``lost`` get the protocol too
 
     def _again(self) -> None:
         if not self._running or self._timer is not None:

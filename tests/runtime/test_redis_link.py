@@ -369,8 +369,8 @@ async def test_a_stalled_link_fails_calls_then_recovers_when_it_flows_again(
 async def test_a_cut_link_reconnects_at_once(
     proxied: tuple[TcpProxy, RedisAddress, RedisAddress],
 ) -> None:
-    """Every connection is reset: both are replaced (backoff from 0.1 s) and the
-    subscriber hears events again."""
+    """Every connection is reset: both losses are logged, both connections are
+    replaced (backoff from 0.1 s) and the subscriber hears events again."""
     proxy, through, direct = proxied
     model_id = "U" + uuid.uuid4().hex[:8]
     counters = NamedCounters()
@@ -382,13 +382,15 @@ async def test_a_cut_link_reconnects_at_once(
         job = await b.submit(REQ)
         woke: Deferred[str] = counters.counter(job)
         subscriber = a.link._sub
-        proxy.cut()
-        t0 = time.monotonic()
+        with LogLines() as log:
+            proxy.cut()
+            t0 = time.monotonic()
 
-        async def resubscribed() -> bool:
-            return a.link.subscribed and a.link._sub is not subscriber and a.link.connected
+            async def resubscribed() -> bool:
+                return a.link.subscribed and a.link._sub is not subscriber and a.link.connected
 
-        await eventually(resubscribed, "A to reconnect")
+            await eventually(resubscribed, "A to reconnect")
+        assert log.has("job store connection to") and log.has("job store subscription to")
         print(f"\ncut link: both connections back {time.monotonic() - t0:.2f} s after the reset")
         claim = await b.claim_next()
         await b.terminate(claim.job_id, JobState.DONE, result=b"{}")
