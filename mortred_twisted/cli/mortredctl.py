@@ -249,6 +249,27 @@ def cmd_jobs_list(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_queue(args: argparse.Namespace, out: TextIO) -> int:
+    """A model's queue (``GET /v1/models/<id>/queue``): totals, then one row per
+    caller (every caller for an ``all``-scope key, else your own)."""
+    doc = _model_client(args, args.model).queue()
+    if args.json:
+        _print_json(doc, out)
+        return EXIT_OK
+    out.write(
+        f"depth {doc['depth']}/{doc['max_queue']}  pending {doc['pending']}  "
+        f"running {doc['running']}  oldest wait {doc['oldest_wait_ms']} ms\n"
+    )
+    rows = [("CALLER", "PENDING", "RUNNING", "OLDEST WAIT MS", "MAX PENDING")]
+    for c in doc["callers"]:
+        rows.append((c["caller"] or "(port)", str(c["pending"]), str(c["running"]),
+                     str(c["oldest_wait_ms"]), str(c["max_pending"] or "-")))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    return EXIT_OK
+
+
 def _bar(status: JobStatus, width: int = 30) -> str:
     p = status.progress
     if p is None or not p.total:
@@ -422,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     jl.add_argument("--cursor")
     jl.add_argument("--all", action="store_true", help="every page (--limit jobs per request)")
     jl.set_defaults(fn=cmd_jobs_list)
+    qu = sub.add_parser("queue", help="a model's queue: depth, running, oldest wait, callers")
+    qu.add_argument("model")
+    qu.set_defaults(fn=cmd_queue)
 
     keys = sub.add_parser("keys", help="gateway API keys").add_subparsers(
         dest="keys_command", required=True, parser_class=_Parser

@@ -105,6 +105,13 @@ class Scripted(BaseHTTPRequestHandler):
         if p == "/v1/models/DDPM/jobs" and method == "POST":
             return self.reply(202, {"job_id": "job_1", "state": "pending",
                                     "poll_url": "/v1/models/DDPM/jobs/job_1"})  # fmt: skip
+        if p == "/v1/models/DDPM/queue":
+            return self.reply(200, {"depth": 3, "pending": 2, "running": 1,
+                                    "oldest_wait_ms": 40, "max_queue": 8, "callers": [
+                {"caller": "key:alice", "pending": 2, "running": 0, "oldest_wait_ms": 40,
+                 "max_pending": 5},
+                {"caller": "key:bob", "pending": 0, "running": 1, "oldest_wait_ms": 0,
+                 "max_pending": 0}]})  # fmt: skip
         if p == "/api/v1/servers/NOPE/start":
             return self.reply(404, {"error": "unknown server: NOPE"})
         return self.reply(404, {"error": "not found"})
@@ -278,3 +285,13 @@ def test_gateway_submit_sends_a_generated_idempotency_key(server: str) -> None:
     the client may retry it."""
     assert gw_run(server, "jobs", "submit", "DDPM")[0] == 0
     assert Scripted.headers[-1].get("Idempotency-Key", "").startswith("mc-")
+
+
+def test_queue_shows_the_models_queue_per_caller(server: str) -> None:
+    """queue GETs /v1/models/<id>/queue and prints the totals and one row per caller."""
+    out = io.StringIO()
+    code = main(["--gateway", server, "--gateway-token", "gw", "queue", "DDPM"], out=out)
+    text = out.getvalue()
+    assert code == 0 and "depth 3/8" in text and "oldest wait 40 ms" in text
+    assert "key:alice" in text and "key:bob" in text
+    assert ("GET", "/v1/models/DDPM/queue", "Bearer gw", None) in Scripted.seen
