@@ -6,12 +6,13 @@
     .venv/bin/python bench/diffusion_batching.py --tolerance [--models DDPM,DDIM,...]
 
 Per model, two real model servers (``twistd``, memory store, thread workers, one
-torch thread) from the catalog config, differing only in ``max_running_jobs``:
+torch thread, ``worker_nums = 1``) from the catalog config, differing only in:
 
-* **one at a time**: ``max_running_jobs = 1`` — every job runs alone on the
-  worker's thread, as before step batching (``worker_nums = 1``);
-* **batched**: ``max_running_jobs = --capacity`` — running jobs share one denoiser
-  call per step.
+* **one at a time**: ``max_running_jobs = 1``, ``channels_last = false`` — every job
+  runs alone on the worker's thread: the code path and settings before step batching
+  (a run alone gives the same bytes, at the same speed, as before);
+* **batched**: ``max_running_jobs = --capacity``, ``channels_last`` as shipped —
+  running jobs share one denoiser call per step.
 
 For each number of concurrent clients, each mode in turn (so both see the same
 machine), every client loops for ``--seconds``: ``POST /jobs`` (``--scheduler`` at
@@ -55,13 +56,13 @@ SERVERS = {
 IMG = base64.b64encode(b"ignored by generative models").decode()
 
 
-def server_toml(model: str, capacity: int, max_batch_images: int, folder: Path) -> Path:
-    """The catalog config of ``model`` with ``max_running_jobs = capacity`` and queues
-    that never refuse during the benchmark (absolute paths: the file lives in /tmp)."""
+def server_toml(model: str, overrides: dict[str, Any], folder: Path) -> Path:
+    """The catalog config of ``model`` with model ``overrides`` and queues that never
+    refuse during the benchmark (absolute paths: the file lives in /tmp)."""
     doc = tomllib.loads((ROOT / SERVERS[model]).read_text())
     options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
     options["pretrained"] = str(ROOT / options["pretrained"])
-    options.update(device="cpu", max_running_jobs=capacity, max_batch_images=max_batch_images)
+    options.update(device="cpu", **overrides)
     server = {
         **doc["server"],
         "worker_nums": 1,
@@ -74,7 +75,7 @@ def server_toml(model: str, capacity: int, max_batch_images: int, folder: Path) 
     lines += [f"{k} = {json.dumps(v)}" for k, v in server.items()]
     lines += ["", "[model]", f'type = "{doc["model"]["type"]}"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in options.items()]
-    path = folder / "conf" / f"{model.lower()}_{capacity}.toml"
+    path = folder / "conf" / f"{model.lower()}_{overrides['max_running_jobs']}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -127,11 +128,17 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("| model | clients | mode | jobs/s | p50 ms | p99 ms | jobs | errors |")
     print("|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
-        modes = {"one at a time": 1, "batched": args.capacity}
+        modes = {
+            "one at a time": {"max_running_jobs": 1, "channels_last": False},
+            "batched": {
+                "max_running_jobs": args.capacity,
+                "max_batch_images": args.max_batch_images,
+            },
+        }
         with ExitStack() as stack:
             servers: dict[str, RunningServer] = {}
-            for mode, capacity in modes.items():
-                conf = server_toml(model, capacity, args.max_batch_images, folder)
+            for mode, overrides in modes.items():
+                conf = server_toml(model, overrides, folder)
                 srv = stack.enter_context(model_server(conf, wait_ready=False))
                 assert "NOT READY" not in srv.wait_ready(timeout=600), "".join(srv.log[-20:])
                 servers[mode] = srv
