@@ -5,7 +5,9 @@ Names: ``mortred_gateway_requests_total{route,status}``,
 ``mortred_gateway_upstream_errors_total{kind}``,
 ``mortred_gateway_auth_failures_total{reason}``,
 ``mortred_gateway_inflight_requests``, ``mortred_gateway_api_keys``,
-``mortred_gateway_key_reloads_total{result}``, and the edge limits
+``mortred_gateway_key_reloads_total{result}``,
+``mortred_gateway_key_job_submits_total{key,status}`` (per API key name, from the key
+file only, at most :data:`MAX_KEY_LABELS` names), and the edge limits
 (:mod:`~mortred_twisted.metrics.edge`): ``mortred_gateway_body_bytes_held``, …
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mortred_twisted.metrics.edge import EdgeLimitsCollector
 from mortred_twisted.metrics.requests import RequestStats
@@ -52,6 +54,42 @@ class HotPathStats(RequestStats):
         )
 
 
+#: Distinct key names a per-key family labels; later names count as ``other``.
+MAX_KEY_LABELS = 100
+
+
+class KeySubmitStats:
+    """``mortred_gateway_key_job_submits_total{key,status}``: job submits per API key
+    and answer status (202 admitted, 429 the caller's quota or the model's queue,
+    422 …). The key is the name of the key the gateway authenticated (never a
+    header value), and at most :data:`MAX_KEY_LABELS` names get their own label.
+
+    Thread contract: reactor thread (counting and scrapes)."""
+
+    def __init__(self, max_keys: int = MAX_KEY_LABELS) -> None:
+        self.max_keys = max_keys
+        self._counts: dict[tuple[str, str], int] = {}
+        self._names: set[str] = set()
+
+    def count(self, key: str, status: int) -> None:
+        if key not in self._names:
+            if len(self._names) >= self.max_keys:
+                key = "other"
+            else:
+                self._names.add(key)
+        label = (key, str(status))
+        self._counts[label] = self._counts.get(label, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "mortred_gateway_key_job_submits", "Job submits per API key and status",
+            labels=["key", "status"],
+        )  # fmt: skip
+        for (key, status), value in sorted(self._counts.items()):
+            family.add_metric([key, status], value)
+        yield family
+
+
 class GatewayMetrics:
     """All gateway metrics on one registry; updated on the reactor thread.
 
@@ -65,6 +103,8 @@ class GatewayMetrics:
         r = self.registry
         self.hot = HotPathStats()
         r.register(self.hot)
+        self.key_submits = KeySubmitStats()
+        r.register(self.key_submits)
         self.upstream_errors = Counter(
             "mortred_gateway_upstream_errors",
             "Upstream failures by kind",

@@ -205,7 +205,14 @@ class GatewayApp:
             if length:
                 data = self.upstream.body_for(content, length)
         method = request.method.decode("ascii", "replace")
-        return self._forward(request, route, method, headers, data)
+        answer = self._forward(request, route, method, headers, data)
+        if route.kind is RouteKind.SUBMIT and decision.caller.startswith(b"key:"):
+            answer.addCallback(self._count_key_submit, request, decision.principal)
+        return answer
+
+    def _count_key_submit(self, body: bytes, request: Any, key: str) -> bytes:
+        self.metrics.key_submits.count(key, getattr(request, "code", 0))
+        return body
 
     def refuse_head(self, request: Any, length: int) -> bytes | None:
         """The server's question on the head of a request that carries a body

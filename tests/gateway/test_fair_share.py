@@ -8,6 +8,7 @@ import pytest
 
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.apikeys import ApiKey, hash_key, parse_keys
+from mortred_twisted.gateway.metrics import KeySubmitStats
 
 from .test_gateway_app import AUTH, Harness
 
@@ -63,3 +64,23 @@ def test_key_file_share_fields_are_checked_all_at_once() -> None:
                               "weight": 0, "max_priority": "urgent"}]})  # fmt: skip
     text = str(err.value)
     assert "max_pending" in text and "weight" in text and "max_priority" in text
+
+
+def test_submits_are_counted_per_key_name_with_a_cap() -> None:
+    """mortred_gateway_key_job_submits_total counts each key's submits by status
+    (the key file's name, never a header); names past the cap count as other."""
+    h = Harness(keys=KEYS)
+    tenant = {"Authorization": "Bearer tenant-key", "X-Mortred-Principal": "key:spoof"}
+    h.call("POST", JOB, headers=tenant, data=b"{}")
+    h.call("POST", JOB, headers=tenant, data=b"{}")
+    h.model.submit_status = 429
+    h.call("POST", JOB, headers={"Authorization": "Bearer plain-key"}, data=b"{}")
+    text = h.app.metrics.render().decode()
+    assert 'mortred_gateway_key_job_submits_total{key="tenant",status="202"} 2.0' in text
+    assert 'mortred_gateway_key_job_submits_total{key="plain",status="429"} 1.0' in text
+    assert "spoof" not in text
+    stats = KeySubmitStats(max_keys=2)
+    for name in ("a", "b", "c", "d"):
+        stats.count(name, 202)
+    labels = {m.labels["key"] for fam in stats.collect() for m in fam.samples}
+    assert labels == {"a", "b", "other"}
