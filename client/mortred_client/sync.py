@@ -204,8 +204,6 @@ class Client:
     def queue(self) -> Any:
         """The model's queue (``GET /queue``): its JSON. :class:`~.errors.NotSupported`
         when the server has no such route."""
-        if self.api.front == "supervisor":
-            raise NotSupported("the supervisor has no queue route")
         return self.call(self.api.queue()).json()
 
 

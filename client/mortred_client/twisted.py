@@ -255,8 +255,6 @@ class TwistedClient:
 
     def queue(self) -> defer.Deferred[Any]:
         """The model's queue JSON; fails with NotSupported when there is none."""
-        if self.api.front == "supervisor":
-            return defer.fail(NotSupported("the supervisor has no queue route"))
         return self.call(self.api.queue()).addCallback(Answer.json)
 
 

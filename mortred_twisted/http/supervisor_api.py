@@ -271,6 +271,18 @@ class SupervisorApi:
         url = f"{entry.base_url}/jobs" + (f"?{query}" if query else "")
         return defer.Deferred.fromCoroutine(self._proxy(request, "GET", url, server_id, None))
 
+    @app.route("/api/v1/queue/<server_id>", methods=["GET"])
+    def queue(self, request: Any, server_id: str) -> Any:
+        """The model's ``GET /queue`` (depth, running, oldest wait, every caller: the
+        supervisor sends no principal, so it sees every job)."""
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        url = f"{entry.base_url}/queue"
+        return defer.Deferred.fromCoroutine(self._proxy(request, "GET", url, server_id, None))
+
     @app.route("/api/v1/jobs/<server_id>/<job>", methods=["GET"])
     def job(self, request: Any, server_id: str, job: str) -> Any:
         return self._job(request, server_id, job, "")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mortred_client import Client, JobFailed, NotSupported, Unauthorized
+from mortred_client import Client, JobFailed, Unauthorized
 
 from mortred_twisted.gateway.apikeys import hash_key
 from tests.control.plane import ControlPlane, control_plane
@@ -110,11 +110,11 @@ def test_events_resume_through_the_gateway(plane: ControlPlane, proxy: FaultProx
 
 
 def test_infer_queue_and_auth(plane: ControlPlane) -> None:
-    """infer() goes to /v1/models/<id>/infer; queue() is NotSupported; a wrong key is
-    Unauthorized."""
+    """infer() goes to /v1/models/<id>/infer; queue() returns the model's queue (the
+    key's own line); a wrong key is Unauthorized."""
     assert gateway(plane).infer([b"x"], {"delay_ms": 1}).code == 0
-    with pytest.raises(NotSupported):
-        gateway(plane).queue()
+    queue = gateway(plane).queue()
+    assert {"depth", "pending", "running", "oldest_wait_ms", "callers"} <= set(queue)
     with pytest.raises(Unauthorized) as e:
         gateway(plane, "nobody").submit([b"x"])
     assert e.value.status == 401

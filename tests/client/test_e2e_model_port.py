@@ -17,7 +17,6 @@ from mortred_client import (
     JobFailed,
     JobNotFinished,
     JobNotFound,
-    NotSupported,
     RetryPolicy,
     TransportError,
 )
@@ -146,10 +145,11 @@ def test_infer_on_the_sync_route(server: RunningServer) -> None:
     assert result.code == 0 and result.req_id == "sync-1" and result.msg == "success"
 
 
-def test_queue_is_not_supported_yet(server: RunningServer) -> None:
-    """The server has no queue route yet: queue() raises NotSupported."""
-    with pytest.raises(NotSupported):
-        Client(server.base_url).queue()
+def test_queue_answers_the_models_queue(server: RunningServer) -> None:
+    """queue() answers the model's GET /queue (depth, running, oldest wait, callers)."""
+    queue = Client(server.base_url).queue()
+    assert queue["depth"] == queue["pending"] + queue["running"]
+    assert isinstance(queue["callers"], list)
 
 
 def test_a_submit_whose_answer_is_lost_makes_exactly_one_job(

@@ -333,6 +333,11 @@ class JobsModel:
             record(request)
             return js(request, 200, {"jobs": [STATUS], "next_cursor": "c1"})
 
+        @app.route("/queue", methods=["GET"])
+        def queue(request: Any) -> bytes:
+            record(request)
+            return js(request, 200, {"depth": 1, "pending": 1, "running": 0, "callers": []})
+
         @app.route("/jobs/<job>", methods=["DELETE"])
         def cancel(request: Any, job: str) -> bytes:
             record(request)
@@ -407,6 +412,18 @@ def test_job_listing_passes_the_query_and_rewrites_urls() -> None:
     assert uri == "/jobs?state=pending%2Crunning&limit=5"  # known keys only
     assert h.call("GET", "/api/v1/jobs/NOPE", headers=AUTH)[0] == 404
     assert h.call("GET", "/api/v1/jobs/A")[0] == 401
+
+
+def test_the_queue_is_relayed_with_the_internal_token() -> None:
+    """GET /api/v1/queue/A answers the model's GET /queue (sent with the internal
+    token, no principal: every caller); unknown model 404, no token 401."""
+    m = JobsModel()
+    h = Harness(m.resource())
+    code, body, _ = h.call("GET", "/api/v1/queue/A", headers=AUTH)
+    assert code == 200 and json.loads(body)["depth"] == 1
+    assert m.seen[-1] == ("GET", "/queue", "Bearer internal")
+    assert h.call("GET", "/api/v1/queue/NOPE", headers=AUTH)[0] == 404
+    assert h.call("GET", "/api/v1/queue/A")[0] == 401
 
 
 def test_cancel_is_forwarded_as_delete() -> None:

@@ -151,6 +151,13 @@ def test_jobs_page_lists_follows_cancels_submits_and_shows_the_result(tmp_path: 
                 "status": 200,
                 "body": {"jobs": [JOB_A, JOB_B, JOB_C], "next_cursor": None},
             },
+            "GET /api/v1/queue/FAKE_ASYNC": {"status": 200, "body": {
+                "depth": 2, "pending": 1, "running": 1, "oldest_wait_ms": 1500,
+                "max_queue": 8, "callers": [
+                    {"caller": "key:a<b>", "pending": 1, "running": 0,
+                     "oldest_wait_ms": 1500, "max_pending": 4},
+                    {"caller": "", "pending": 0, "running": 1, "oldest_wait_ms": 0,
+                     "max_pending": 0}]}},
             # Records split anywhere, CRLF endings, a heartbeat comment.
             "GET /api/v1/jobs/FAKE_ASYNC/job_a/events": {"status": 200, "sse": [
                 "retry: 2000\n\n" + event("state", JOB_A, 1)[:20],
@@ -203,6 +210,9 @@ def test_jobs_page_lists_follows_cancels_submits_and_shows_the_result(tmp_path: 
     # The finished job's result: both valid PNGs shown, the bad string skipped.
     assert ui["outputs"] == ["img:data:image/png;base64," + PNG] * 2
     assert "job_n: HTTP 200" in ui["title"] and '"note": "<img src=x' in ui["json"]
+    # The model's queue above the list, per caller, as text.
+    assert ui["queue"].startswith("queue 2/8: 1 waiting, 1 running, oldest wait 1.5 s")
+    assert "key:a<b> 1 waiting + 0 running (max 4); (port) 0 waiting + 1 running" in ui["queue"]
 
 
 SSE_INPUT = (

@@ -43,7 +43,8 @@ const ids = {};
 for (const id of ["conn", "token-form", "token", "servers", "log-server", "log-follow", "logs",
   "try-form", "try-model", "try-mode", "try-image", "try-params", "try-submit", "try-state",
   "try-output", "try-json", "jobs-model", "jobs-filter", "jobs-state", "jobs-form", "jobs-image",
-  "jobs-params", "jobs-submit", "jobs-list", "jobs-result-title", "jobs-output", "jobs-json"]) {
+  "jobs-params", "jobs-submit", "jobs-list", "jobs-result-title", "jobs-output", "jobs-json",
+  "jobs-queue"]) {
   ids[id] = new Node_(["log-server", "try-model", "try-mode", "jobs-model", "jobs-filter"].includes(id) ? "select" : "div");
 }
 for (const v of ["", "pending,running"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["jobs-filter"].append(o); }
@@ -121,7 +122,8 @@ async function jobsMode() {
     listed, afterCancel, final: rowInfo(), calls, jobsState: ids["jobs-state"].textContent,
     modelOptions: ids["jobs-model"].options.map((o) => o.value),
     outputs: ids["jobs-output"].children.map((c) => c.tagName + ":" + (c.attrs.src || "")),
-    title: ids["jobs-result-title"].textContent, json: ids["jobs-json"].textContent }));
+    title: ids["jobs-result-title"].textContent, json: ids["jobs-json"].textContent,
+    queue: ids["jobs-queue"].textContent }));
 }
 
 (async () => {

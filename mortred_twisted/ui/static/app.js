@@ -347,6 +347,25 @@ async function refreshJobs() {
   }
   $("jobs-list").replaceChildren(...ordered);
   for (const s of doc.jobs) if (s && !TERMINAL.includes(s.state)) followJob(server, s.job_id);
+  refreshQueue(server);
+}
+
+// The model's queue (GET /api/v1/queue/<id>): totals, then who holds it, as text.
+async function refreshQueue(server) {
+  const { status, doc } = await api("GET", `/api/v1/queue/${encodeURIComponent(server)}`);
+  if (server !== jobs.server) return;
+  if (status !== 200 || !doc || typeof doc.depth !== "number") {
+    $("jobs-queue").textContent = status === 404 ? "" : `queue: HTTP ${status}`;
+    return;
+  }
+  const callers = Array.isArray(doc.callers) ? doc.callers : [];
+  const who = callers.slice(0, 8).map((c) =>
+    `${c.caller || "(port)"} ${c.pending} waiting + ${c.running} running` +
+    (c.max_pending ? ` (max ${c.max_pending})` : "")).join("; ");
+  $("jobs-queue").textContent =
+    `queue ${doc.depth}/${doc.max_queue}: ${doc.pending} waiting, ${doc.running} running, ` +
+    `oldest wait ${fmtMs(doc.oldest_wait_ms)}` + (who ? ` | ${who}` : "") +
+    (callers.length > 8 ? ` | +${callers.length - 8} more` : "");
 }
 
 function stopStream(jobId) {
