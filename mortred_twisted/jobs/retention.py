@@ -78,11 +78,15 @@ class RetainedJobs:
         else None."""
         if len(self._owner) <= max(limit, 0):
             return None
-        best: tuple[int, int] | None = None
+        by_use = self._by_use
+        if len(by_use) == 1:
+            return next(iter(next(iter(by_use.values()))))
+        most = max(map(len, by_use.values()))
+        best_tick = -1
         chosen = ""
-        for uses in self._by_use.values():
-            job_id, tick = next(iter(uses.items()))
-            rank = (-len(uses), tick)
-            if best is None or rank < best:
-                best, chosen = rank, job_id
+        for uses in by_use.values():
+            if len(uses) == most:
+                job_id, tick = next(iter(uses.items()))
+                if best_tick < 0 or tick < best_tick:
+                    best_tick, chosen = tick, job_id
         return chosen
