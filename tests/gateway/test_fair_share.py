@@ -4,11 +4,23 @@ the internal token only); a client cannot send its own."""
 
 from __future__ import annotations
 
+import base64
+import json
+from typing import Any
+
 import pytest
 
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.server import build_server_config
 from mortred_twisted.gateway.apikeys import ApiKey, hash_key, parse_keys
 from mortred_twisted.gateway.metrics import KeySubmitStats
+from mortred_twisted.http.model_port import ModelPortFactory
+from mortred_twisted.http.model_server import ModelServerApp
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.metrics.server import ServerMetrics
+from mortred_twisted.models.fake import create as create_fake
+from mortred_twisted.runtime.model_runtime import ModelRuntime
+from tests.fakes.threads import HandThreads
 
 from .test_gateway_app import AUTH, Harness
 
@@ -84,3 +96,61 @@ def test_submits_are_counted_per_key_name_with_a_cap() -> None:
         stats.count(name, 202)
     labels = {m.labels["key"] for fam in stats.collect() for m in fam.samples}
     assert labels == {"a", "b", "other"}
+
+
+def real_model_behind(h: Harness) -> tuple[Any, HandThreads]:
+    """Replace the fake model of ``h`` by a real model port (fake model, one worker,
+    memory store, the gateway's internal token) on the harness's clock."""
+    doc = {
+        "server": {"id": "ASYNC", "server_uri": "/mortred/fake/infer", "worker_nums": 1,
+                   "async_enabled": True, "async_max_queue": 100, "auth_token": "internal"},
+        "model": {"type": "fake", "fake_delay_ms": 0, "fake_steps": 1},
+    }  # fmt: skip
+    threads = HandThreads()
+    runtime = ModelRuntime(
+        build_server_config(doc, env={}), clock=h.clock, threads=threads,
+        metrics=ServerMetrics(), build_model=lambda _t, options, root: create_fake(options, root),
+    )  # fmt: skip
+    runtime.load_models()
+    threads.step()
+    app = ModelServerApp(runtime)
+    h.sites[("127.0.0.1", 18100)] = ModelPortFactory.for_app(app, h.clock)
+    return runtime, threads
+
+
+IMAGE = {"images": [base64.b64encode(b"x").decode()]}
+
+
+def test_fairness_and_quota_through_the_gateway() -> None:
+    """Through the gateway to a real model port (one worker): alice's key floods 12
+    jobs, bob's then submits 3; bob's three finish within the next 9 completions. A
+    key with max_pending 2 gets the model's 429 naming its own quota."""
+    keys = [ApiKey("alice", hash_key("alice-key")), ApiKey("bob", hash_key("bob-key")),
+            ApiKey("small", hash_key("small-key"), max_pending=2)]  # fmt: skip
+    h = Harness(keys=keys)
+    runtime, threads = real_model_behind(h)
+    body = json.dumps(IMAGE).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    def submit(key: str) -> tuple[int, Any]:
+        r, raw = h.call("POST", JOB, headers={"Authorization": f"Bearer {key}", **json_type},
+                        data=body)  # fmt: skip
+        return r.code, json.loads(raw)
+
+    alice = [submit("alice-key")[1]["job_id"] for _ in range(12)]
+    h.clock.advance(0)
+    bob = [submit("bob-key")[1]["job_id"] for _ in range(3)]
+    h.clock.advance(0)
+    finished: list[str] = []
+    while threads.pending:
+        threads.step()
+        h.clock.advance(0)
+        for job_id in alice + bob:
+            snap = runtime.store.snapshot(job_id)
+            if snap.state is JobState.DONE and job_id not in finished:
+                finished.append(job_id)
+    assert len(finished) == 15 and max(finished.index(j) for j in bob) < 9
+    assert {runtime.store.snapshot(j).owner for j in bob} == {"key:bob"}
+    codes = [submit("small-key") for _ in range(3)]
+    assert [c for c, _ in codes] == [202, 202, 429]
+    assert "caller quota reached: key:small" in codes[2][1]["error"]
