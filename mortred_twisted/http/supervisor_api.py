@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -62,6 +63,8 @@ STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 _JOB_PART = ("", "/wait", "/result")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _LIST_QUERY = (b"state", b"limit", b"cursor")
+#: A client's X-Request-ID is echoed only if it is a short visible-ASCII token.
+_REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
 #: Headers of a model's event-stream answer passed to the browser.
 _STREAM_HEADERS = (b"content-type", b"cache-control", b"x-request-id", b"retry-after")
 
@@ -150,6 +153,13 @@ class SupervisorApi:
     @app.route("/api/v1/health", methods=["GET"])
     def health(self, request: Any) -> bytes:
         return _json(request, 200, {"status": "ok"})
+
+    @app.route("/healthz", methods=["GET"])
+    def healthz(self, request: Any) -> bytes:
+        """The liveness path every port answers (gateway, models, supervisor)."""
+        request.setHeader(b"Content-Type", JSON)
+        request.setHeader(b"Cache-Control", b"no-store")
+        return b'{"status":"ok"}'
 
     @app.route("/", methods=["GET"])
     def index(self, request: Any) -> bytes:
@@ -376,6 +386,10 @@ class SupervisorPort:
     def _guard(self, request: Any) -> bytes | None:
         for name, value in SECURITY_HEADERS:
             request.setHeader(name, value)
+        rid = request.getHeader(b"x-request-id")  # echoed when sane, as every port does
+        if not rid or not _REQUEST_ID.match(rid):
+            rid = uuid.uuid4().hex.encode("ascii")
+        request.setHeader(b"X-Request-ID", rid)
         refusal = host_refusal(request.getHeader(b"host"), token_configured=self._token_configured)
         if refusal is not None:
             return _json(request, MISDIRECTED, {"error": refusal})

@@ -42,6 +42,9 @@ class Target:
     post_path: bytes
     auth: bytes
     process: subprocess.Popen[str]
+    #: the answer to a framed POST of ``{}`` (the model and gateway: 422 invalid
+    #: envelope; the supervisor's proxy: 404, no such server)
+    empty_post_status: int = 422
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -123,11 +126,25 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ta
     }
     conf = f"conf/server/fake/{MODEL.lower()}.toml"
     model_auth = b"Authorization: Bearer " + INTERNAL_TOKEN.encode() + b"\r\n"
-    with model_server(conf, env=env) as srv:
+    from tests.control.plane import API_TOKEN, control_plane
+
+    sup_toml = f"read_timeout_s = {READ_DEADLINE_S}"
+    sup_tmp = tmp_path_factory.mktemp("security-supervisor")
+    with model_server(conf, env=env) as srv, control_plane(
+        sup_tmp, [], supervisor_toml=sup_toml
+    ) as plane:
         gateway = GatewayProcess(tmp_path_factory.mktemp("security"), srv.port)
         try:
             gateway.wait_listening()
+            plane.wait_ready(["gateway"])
             yield {
+                # The supervisor's POST route: its try-it proxy (the rows' bodies
+                # name no server, so a framed request that gets through is a 404).
+                "supervisor": Target(
+                    "supervisor", plane.api_port, b"/api/v1/infer",
+                    b"Authorization: Bearer " + API_TOKEN.encode() + b"\r\n", plane.process,
+                    empty_post_status=404,
+                ),
                 "model": Target("model", srv.port, b"/jobs", model_auth, srv.process),
                 "gateway": Target(
                     "gateway", gateway.port, f"/v1/models/{MODEL}/jobs".encode(),

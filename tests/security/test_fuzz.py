@@ -16,7 +16,7 @@ from tests.security.wire import Answer, healthz, parse_answers
 
 pytestmark = pytest.mark.slow
 
-TARGETS = ("model", "gateway")
+TARGETS = ("model", "gateway", "supervisor")
 FUZZ = settings(
     max_examples=40,
     deadline=None,
