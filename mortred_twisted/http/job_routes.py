@@ -43,6 +43,7 @@ from mortred_twisted.jobs.store import settle, then
 from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.job_events import events_counter
+from mortred_twisted.runtime.model_runtime import Readiness
 
 PRINCIPAL_HEADER = b"X-Mortred-Principal"
 PRINCIPAL_SCOPE_HEADER = b"X-Mortred-Principal-Scope"
@@ -233,7 +234,10 @@ class JobRoutes:
             seq += 1
             request.write(_event(snap, seq, initial=True))
             last = _key(snap)
-            while not snap.terminal:
+            # A stopping server ends every stream with the job's current state (the
+            # client reconnects elsewhere); a stream opened while stopping ends after
+            # its first event.
+            while not snap.terminal and rt.readiness is not Readiness.STOPPING:
                 woke = rt.counters.counter(events_counter(job_id), 1)
                 # Named counters are counted for the terminal event as well; a
                 # shared store's events may arrive between the read and the
@@ -410,7 +414,9 @@ class JobRoutes:
         rt = self.runtime
         if snap is None:
             return self.responder.lookup_error(request, job_id)
-        if snap.terminal:
+        if snap.terminal or rt.readiness is Readiness.STOPPING:
+            # Terminal, or the server is stopping: no new wait parks (it answers the
+            # job's current status at once; the client waits again elsewhere).
             rt.metrics.wait_wakeups.labels(reason="immediate").inc()
             return self.responder.respond(request, 200, self._status_body(snap), rid)
         woke = within(

@@ -91,3 +91,19 @@ def test_cancelling_a_pending_job_releases_its_place_in_the_worker_queue() -> No
     assert app.runtime.store.ledger.state(after) is JobState.RUNNING
     assert app.runtime.store.ledger.state(running) is JobState.DONE
     assert app.runtime.workers.busy == 1
+
+
+def test_a_stopping_server_parks_no_new_wait_and_ends_streams_with_the_current_state() -> None:
+    """Once the runtime is stopping, /wait answers the job's current status at once
+    and an event stream opened then ends after its first event."""
+    from mortred_twisted.runtime.model_runtime import Readiness
+    from tests.http.test_model_server_app import IMG, call
+
+    app, _clock, _threads, stub = make_app(worker_nums=1)
+    _c, _h, doc = call(stub, "POST", "/jobs", {"images": [IMG]})
+    app.runtime.readiness = Readiness.STOPPING
+    code, _h, status = call(stub, "GET", f"/jobs/{doc['job_id']}/wait?timeout=60000")
+    assert code == 200 and status["state"] in ("pending", "running")
+    assert app.runtime.counters.waiting(doc["job_id"]) == 0
+    request, outcome = stream(app, doc["job_id"])
+    assert outcome.called and b"event: state" in b"".join(request.written)
