@@ -44,6 +44,9 @@ setup(
         "hiredis==3.5.0",
         # The field's diffusion library: denoisers, schedulers, autoencoders.
         "diffusers==0.42.1",
+        # The field's vision library: SamModel, image classifiers and object detectors
+        # (issue 21). Works without torchvision (PIL image processors) and timm.
+        "transformers==5.23.0",
         "safetensors>=0.4",
     ],
     extras_require={
