@@ -34,6 +34,7 @@ only read.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,8 +87,8 @@ class DenoiseBatch(StepBatch):
         self._model = model
         self._max_rows = max(1, max_rows)
         self._runs: dict[int, _Run] = {}
-        #: Rows of every denoiser call so far (tests and the benchmark read it).
-        self.forward_rows: list[int] = []
+        #: Rows of the latest denoiser calls (bounded; tests read it).
+        self.forward_rows: deque[int] = deque(maxlen=256)
 
     @property
     def active(self) -> int:

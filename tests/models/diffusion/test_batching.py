@@ -184,7 +184,7 @@ def test_a_run_cancelled_before_a_step_costs_no_forward(build: Callable[..., Any
     ctx.cancel()
     left = batch.step()
     assert [k for k, _ in left] == [1] and isinstance(left[0][1], RunCancelled)
-    assert batch.forward_rows == [1]
+    assert list(batch.forward_rows) == [1]
 
 
 def failing(scheduler: Any, at: int, nan: bool) -> Any:
