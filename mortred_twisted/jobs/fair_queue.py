@@ -81,15 +81,10 @@ class CallerTerms:
 DEFAULT_TERMS = CallerTerms()
 
 
-class _Entry:
-    __slots__ = ("band", "caller", "finish", "key", "running")
-
-    def __init__(self, caller: str, band: str, key: tuple[int, int, str], finish: int) -> None:
-        self.caller = caller
-        self.band = band
-        self.key = key  # (start tag, admission sequence, job id)
-        self.finish = finish
-        self.running = False
+#: One job: ``(caller, band, (start tag, admission sequence, job id), finish tag,
+#: running)``. A plain tuple of atoms, so the garbage collector stops tracking it: a
+#: backlog of pending jobs adds nothing to the full collections' scans.
+_Entry = tuple[str, str, tuple[int, int, str], int, bool]
 
 
 class FairQueue:
@@ -157,7 +152,7 @@ class FairQueue:
             self._pass[band] = max(self._pass[band], self._global_pass)
         key = (start, seq, job_id)
         insort(queue, key)
-        self._entries[job_id] = _Entry(caller, band, key, finish)
+        self._entries[job_id] = (caller, band, key, finish, False)
         self._pending[caller] = self._pending.get(caller, 0) + 1
         return start
 
@@ -189,16 +184,16 @@ class FairQueue:
         """Pending → running: advances the band's virtual time and pass. False when
         ``job_id`` is not pending here."""
         entry = self._entries.get(job_id)
-        if entry is None or entry.running:
+        if entry is None or entry[4]:
             return False
-        self._unqueue(entry)
-        _dec(self._pending, entry.caller)
-        band = entry.band
-        self._vtime[band] = max(self._vtime[band], entry.key[0])
+        caller, band, key, finish, _ = entry
+        self._unqueue(band, key)
+        _dec(self._pending, caller)
+        self._vtime[band] = max(self._vtime[band], key[0])
         self._global_pass = max(self._global_pass, self._pass[band])
         self._pass[band] += BAND_SCALE // BAND_WEIGHTS[band]
-        entry.running = True
-        self._running[entry.caller] = self._running.get(entry.caller, 0) + 1
+        self._entries[job_id] = (caller, band, key, finish, True)
+        self._running[caller] = self._running.get(caller, 0) + 1
         return True
 
     def release(self, job_id: str) -> bool:
@@ -209,47 +204,49 @@ class FairQueue:
         entry = self._entries.pop(job_id, None)
         if entry is None:
             return False
-        flow = (entry.caller, entry.band)
-        if entry.running:
-            _dec(self._running, entry.caller)
+        caller, band, key, finish, running = entry
+        flow = (caller, band)
+        if running:
+            _dec(self._running, caller)
         else:
-            self._unqueue(entry)
-            _dec(self._pending, entry.caller)
-            if self._finish.get(flow) == entry.finish:
-                self._finish[flow] = entry.key[0]
-        if not self.active(entry.caller) and self._finish.get(flow, 0) <= self._vtime[entry.band]:
+            self._unqueue(band, key)
+            _dec(self._pending, caller)
+            if self._finish.get(flow) == finish:
+                self._finish[flow] = key[0]
+        if not self.active(caller) and self._finish.get(flow, 0) <= self._vtime[band]:
             self._finish.pop(flow, None)  # a tag behind V changes nothing: forget it
         return True
 
-    def _unqueue(self, entry: _Entry) -> None:
-        queue = self._bands[entry.band]
-        at = bisect_left(queue, entry.key)
-        if at < len(queue) and queue[at] == entry.key:
+    def _unqueue(self, band: str, key: tuple[int, int, str]) -> None:
+        queue = self._bands[band]
+        at = bisect_left(queue, key)
+        if at < len(queue) and queue[at] == key:
             del queue[at]
 
     # -- reads ----------------------------------------------------------------------
 
     def band_of(self, job_id: str) -> str | None:
         entry = self._entries.get(job_id)
-        return None if entry is None else entry.band
+        return None if entry is None else entry[1]
 
     def tag(self, job_id: str) -> int | None:
         """The job's start tag (tests and tools)."""
         entry = self._entries.get(job_id)
-        return None if entry is None else entry.key[0]
+        return None if entry is None else entry[2][0]
 
     def position(self, job_id: str) -> int | None:
         """1-based estimate of the job's place in the start order (module
         docstring); None unless pending."""
         entry = self._entries.get(job_id)
-        if entry is None or entry.running:
+        if entry is None or entry[4]:
             return None
-        queue = self._bands[entry.band]
-        rank = bisect_left(queue, entry.key) + 1
-        weight = BAND_WEIGHTS[entry.band]
+        _caller, own, key, _finish, _running = entry
+        queue = self._bands[own]
+        rank = bisect_left(queue, key) + 1
+        weight = BAND_WEIGHTS[own]
         position = rank
         for band, other in self._bands.items():
-            if band != entry.band and other:
+            if band != own and other:
                 position += min(len(other), rank * BAND_WEIGHTS[band] // weight)
         return position
 

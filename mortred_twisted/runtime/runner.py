@@ -108,6 +108,7 @@ class JobRunner:
         pick = None if store.pull else getattr(store, "next_pending", None)
         self._pick: Callable[[Any], str | None] | None = pick
         self._ready: dict[str, Deferred[WorkerLease[Model]]] = {}
+        self._ready_ids: dict[int, str] = {}  # id(a ready job's Deferred) -> job id
         self._acquires: deque[Deferred[WorkerLease[Model]]] = deque()
         if store.pull:
             # A worker coming back (from a job or an /infer call) may take a job.
@@ -212,16 +213,21 @@ class JobRunner:
         if self._pick is None:
             return self._workers.acquire("async")
 
-        def give_up(_d: Deferred[WorkerLease[Model]]) -> None:
-            if self._ready.pop(job_id, None) is not None and self._acquires:
-                self._acquires.pop().cancel()
-
-        mine: Deferred[WorkerLease[Model]] = Deferred(give_up)
+        mine: Deferred[WorkerLease[Model]] = Deferred(self._give_up)
         self._ready[job_id] = mine
+        self._ready_ids[id(mine)] = job_id
         acquire = self._workers.acquire("async")
         self._acquires.append(acquire)
-        acquire.addCallbacks(self._hand_out, lambda f: f.trap(CancelledError))
+        acquire.addCallbacks(self._hand_out, _withdrawn)
         return mine
+
+    def _give_up(self, mine: Deferred[WorkerLease[Model]]) -> None:
+        """A ready job's wait was cancelled (its budget, a cancel, shutdown): forget
+        it and withdraw the newest pool acquire. One bound method for every job (no
+        closure per pending job: a backlog's objects are scanned by every full GC)."""
+        job_id = self._ready_ids.pop(id(mine), None)
+        if job_id is not None and self._ready.pop(job_id, None) is not None and self._acquires:
+            self._acquires.pop().cancel()
 
     def _hand_out(self, lease: WorkerLease[Model]) -> None:
         """A pool acquire fired (the oldest outstanding one): its lease goes to the
@@ -234,7 +240,9 @@ class JobRunner:
         if job_id is None:
             lease.release()
             return
-        self._ready.pop(job_id).callback(lease)
+        mine = self._ready.pop(job_id)
+        del self._ready_ids[id(mine)]
+        mine.callback(lease)
 
     # -- pull ---------------------------------------------------------------------
 
@@ -432,6 +440,11 @@ class JobRunner:
 
         timed.addBoth(abandon)
         return timed
+
+
+def _withdrawn(failure: Any) -> None:
+    """A pool acquire withdrawn by :meth:`JobRunner._give_up` (cancelled)."""
+    failure.trap(CancelledError)
 
 
 def _as_deferred(value: Any) -> Deferred[Any]:
