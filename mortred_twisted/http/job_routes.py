@@ -337,7 +337,10 @@ class JobRoutes:
             return self.responder.job_error(request, conflict, req_id)
         if job_id is None and admission.over_quota:
             rt.metrics.async_rejected.inc()
-            pending, running, callers = rt.store.active_of(owner)
+            active_of = getattr(rt.store, "active_of", None)  # the Redis store: no read
+            pending, running, callers = (
+                active_of(owner) if active_of is not None else (admission.limit, 0, 1)
+            )
             refused = over_quota(
                 owner, admission.limit, pending, running, callers, rt.mean_run_s("async")
             )

@@ -7,10 +7,16 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
                                         attempt, owner (the replica running it),
                                         progress "s/t", error, request (until
                                         terminal), result; principal (the caller),
-                                        seq, cancel, idem, webhook, hook_events
+                                        seq, cancel, idem, webhook, hook_events, band,
+                                        tag (start tag), fin (finish tag)
     mortred:{<id>}:depth         STRING admitted non-terminal jobs (invariant 3)
-    mortred:{<id>}:queue         STREAM one entry {job: <id>} per (re)queued job;
-                                        consumer group "workers"
+    mortred:{<id>}:queue         STREAM (no longer written: CLAIM takes the fair
+                                        order below; kept for its consumer group)
+    mortred:{<id>}:band_<b>      ZSET   pending job of priority band <b> (low, normal,
+                                        high) -> its start tag (jobs/fair_queue.py)
+    mortred:{<id>}:fair          HASH   v:<b> band virtual time, p:<b> band pass, gp
+                                        the last start's pass, f:<b>:<caller> a flow's
+                                        finish tag, a:<caller> pending + running jobs
     mortred:{<id>}:pending       ZSET   pending job -> admission ms (overdue budget)
     mortred:{<id>}:leases        ZSET   running job -> lease deadline ms
     mortred:{<id>}:done          ZSET   terminal job -> last use (LRU; a use counter)
@@ -78,23 +84,29 @@ SWEEP_BATCH = 256
 #: Index entries one LIST call scans at most (a bounded time holding Redis).
 LIST_SCAN = 2000
 
+#: The fair order (jobs/fair_queue.py): its state hash and one ZSET of pending jobs
+#: per priority band, scored by start tag.
+_FAIR = ("fair", "band_low", "band_normal", "band_high")
 #: The fixed keys (names after the prefix) each script receives first in KEYS, in
 #: this order; then the keys the caller names per call (``dynamic``).
 _SCRIPT_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "admit": (("depth", "done", "uses", "seq", "pending", "index", "queue"), ("job", "idem")),
-    "claim": (("queue", "pending", "leases", "depth", "done", "uses", "index"), ()),
-    "terminate": (("depth", "pending", "leases", "done", "uses", "index"), ("job",)),
-    "snapshot": (("pending", "done", "uses"), ("job",)),
+    "admit": (
+        ("depth", "done", "uses", "seq", "pending", "index", "queue", *_FAIR),
+        ("job", "idem"),
+    ),
+    "claim": (("queue", "pending", "leases", "depth", "done", "uses", "index", *_FAIR), ()),
+    "terminate": (("depth", "pending", "leases", "done", "uses", "index", *_FAIR), ("job",)),
+    "snapshot": (("pending", "done", "uses", *_FAIR), ("job",)),
     "result": (("done", "uses"), ("job",)),
     "progress": ((), ("job", "follow")),
-    "hand_back": (("leases", "pending", "queue"), ("job",)),
+    "hand_back": (("leases", "pending", "queue", *_FAIR), ("job",)),
     "maintain": (
-        ("leases", "pending", "queue", "depth", "done", "uses", "index", "sweep"),
+        ("leases", "pending", "queue", "depth", "done", "uses", "index", "sweep", *_FAIR),
         (),
     ),  # then the hash of every held job
-    "cancel": (("depth", "pending", "leases", "done", "uses", "index"), ("job",)),
+    "cancel": (("depth", "pending", "leases", "done", "uses", "index", *_FAIR), ("job",)),
     "job_extras": ((), ("job",)),
-    "list": (("index", "pending"), ()),
+    "list": (("index", "pending", *_FAIR), ()),
 }
 
 

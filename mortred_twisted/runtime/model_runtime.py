@@ -146,6 +146,7 @@ class ModelRuntime:
             max_queue=cfg.async_max_queue,
             job_ttl_ms=cfg.async_job_ttl,
             max_completed=cfg.async_max_completed,
+            max_pending_per_caller=cfg.async_max_queue_per_caller,
             lease_ms=cfg.job_lease_ms,
             max_attempts=cfg.job_max_attempts,
             budget_ms=cfg.async_timeout,

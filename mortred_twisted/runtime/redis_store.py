@@ -54,6 +54,12 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
+from mortred_twisted.jobs.fair_queue import (
+    DEFAULT_PRIORITY,
+    DEFAULT_TERMS,
+    MAX_WEIGHT,
+    CallerTerms,
+)
 from mortred_twisted.jobs.ledger import (
     Admission,
     JobPage,
@@ -105,6 +111,8 @@ class RedisJobStore:
 
     pull = True
     shared = True
+    #: Admission takes ``terms``/``priority``; CLAIM starts jobs in the fair order.
+    fair = True
 
     def __init__(
         self,
@@ -122,8 +130,10 @@ class RedisJobStore:
         encode: Callable[[Any], bytes],
         decode: Callable[[bytes], Any],
         owner: str | None = None,
+        max_pending_per_caller: int = 0,
     ) -> None:
         self._reactor = reactor
+        self._per_caller = max(0, max_pending_per_caller)
         self._prefix = key_prefix(model_id)
         self._counters = counters
         self._max_queue = max_queue
@@ -213,11 +223,22 @@ class RedisJobStore:
         idempotency_key: str | None = None,
         fingerprint: str = "",
         webhook: tuple[str, frozenset[str]] | None = None,
+        terms: CallerTerms = DEFAULT_TERMS,
+        priority: str = DEFAULT_PRIORITY,
     ) -> Deferred[Admission]:
         payload = self._encode(request)
         url, events = webhook or ("", frozenset())
-        extras = (owner, idempotency_key or "", fingerprint, url, ",".join(sorted(events)))
+        limit = self.caller_limit(terms)
+        weight = min(max(1, terms.weight), MAX_WEIGHT)
+        extras = (owner, idempotency_key or "", fingerprint, url, ",".join(sorted(events)),
+                  priority, str(limit), str(weight))  # fmt: skip
         return self._admit(payload, task_id, extras, tries=8)
+
+    def caller_limit(self, terms: CallerTerms = DEFAULT_TERMS) -> int:
+        """A caller's limit of pending + running jobs (0 = only ``max_queue``)."""
+        if terms.max_pending is not None and terms.max_pending > 0:
+            return terms.max_pending
+        return self._per_caller
 
     def _admit(
         self, payload: bytes, task_id: str, extras: tuple[str, ...], tries: int
@@ -236,6 +257,8 @@ class RedisJobStore:
                 return Admission(reply_text(known), replayed=True)
             if status == 3:
                 return Admission(None, conflict=True)
+            if status == 4:  # the caller's own limit (known: the limit)
+                return Admission(None, over_quota=True, limit=int(reply_text(known)))
             if tries > 1:  # -1: the drawn id exists (96 random bits: practically never)
                 return self._admit(payload, task_id, extras, tries - 1)
             raise RuntimeError("could not draw a free job id")

@@ -1,16 +1,38 @@
--- CLAIM. KEYS: queue pending leases depth done uses index (the job comes from the
--- stream: its hash is named from the prefix)
+-- CLAIM. KEYS: queue pending leases depth done uses index fair band_low band_normal
+-- band_high (the jobs' hashes are named from the prefix)
 -- ARGV: owner, lease_ms, ttl_ms, max_completed -> false, or {job_id, request, age_ms,
 -- attempt}; a queued job whose cancel was accepted (its replica was lost after the
 -- request) ends cancelled here instead of running.
+-- The next job in the fair order (jobs/fair_queue.py), in one step for every
+-- replica: the non-empty band with the smallest pass (ties: the higher band), in it
+-- the smallest start tag (ties: the earlier admission); then that band's virtual
+-- time and pass move on.
 for _ = 1, 64 do
-  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1,
-                         'STREAMS', K.queue, '>')
-  if not got then return false end
-  local entry = got[1][2][1]
-  redis.call('XACK', K.queue, 'workers', entry[1])
-  redis.call('XDEL', K.queue, entry[1])
-  local id = entry[2][2]
+  local best, pass = nil, nil
+  for _, band in ipairs(BANDS) do
+    if redis.call('ZCARD', K['band_' .. band]) > 0 then
+      local p = fget('p:' .. band)
+      if not best or p < pass or (p == pass and BAND_RANK[band] > BAND_RANK[best]) then
+        best, pass = band, p
+      end
+    end
+  end
+  if not best then return false end
+  local bkey = K['band_' .. best]
+  local head = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
+  local id, tag = head[1], head[2]
+  local tied = redis.call('ZRANGEBYSCORE', bkey, tag, tag)
+  if #tied > 1 then
+    local first = nil
+    for _, other in ipairs(tied) do
+      local seq = tonumber(redis.call('HGET', P .. 'job:' .. other, 'seq') or '0')
+      if not first or seq < first then first, id = seq, other end
+    end
+  end
+  redis.call('ZREM', bkey, id)
+  if tonumber(tag) > fget('v:' .. best) then redis.call('HSET', K.fair, 'v:' .. best, tag) end
+  if pass > fget('gp') then redis.call('HSET', K.fair, 'gp', num(pass)) end
+  redis.call('HSET', K.fair, 'p:' .. best, num(pass + BAND_STRIDE[best]))
   local key = P .. 'job:' .. id
   local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt', 'cancel')
   if f[1] == 'pending' and f[5] then

@@ -26,6 +26,38 @@ local function forget(id)
   redis.call('ZREM', K.done, id)
   redis.call('ZREM', K.index, id)
 end
+-- The fair order (jobs/fair_queue.py, the same integer arithmetic): pending jobs in
+-- one ZSET per band scored by start tag; K.fair holds each band's virtual time
+-- (v:<band>) and pass (p:<band>), the last start's pass (gp), each flow's finish tag
+-- (f:<band>:<caller>) and each caller's pending + running jobs (a:<caller>).
+local BANDS = {'low', 'normal', 'high'}
+local BAND_RANK = {low = 0, normal = 1, high = 2}
+local BAND_WEIGHT = {low = 1, normal = 4, high = 16}
+local BAND_STRIDE = {low = 16, normal = 4, high = 1}
+local function num(x) return string.format('%.0f', x) end
+local function fget(field) return tonumber(redis.call('HGET', K.fair, field) or '0') end
+-- A band that becomes non-empty gets no credit for its idle time.
+local function band_wakes(band)
+  if redis.call('ZCARD', K['band_' .. band]) == 0 then
+    local p, gp = fget('p:' .. band), fget('gp')
+    if gp > p then redis.call('HSET', K.fair, 'p:' .. band, num(gp)) end
+  end
+end
+-- A job ends: its caller holds one job less; a pending one leaves its band and, if
+-- it was its flow's last, gives its virtual time back (as FairQueue.release).
+local function fair_release(id, key, was_pending)
+  local f = redis.call('HMGET', key, 'band', 'tag', 'fin', 'principal')
+  if not f[1] then return end
+  local caller = f[4] or ''
+  if was_pending then
+    redis.call('ZREM', K['band_' .. f[1]], id)
+    local flow = 'f:' .. f[1] .. ':' .. caller
+    if redis.call('HGET', K.fair, flow) == f[3] then redis.call('HSET', K.fair, flow, f[2]) end
+  end
+  if redis.call('HINCRBY', K.fair, 'a:' .. caller, -1) <= 0 then
+    redis.call('HDEL', K.fair, 'a:' .. caller)
+  end
+end
 local function use_mark()
   return redis.call('INCR', K.uses)
 end
@@ -39,7 +71,28 @@ local function view(id)
                        'completed', 'error', 'progress', 'attempt', 'cancel', 'principal')
   if not f[1] then return false end
   local position = 0
-  if f[1] == 'pending' then
+  local band = f[1] == 'pending' and redis.call('HGET', P .. 'job:' .. id, 'band')
+  local tag = band and redis.call('ZSCORE', K['band_' .. band], id)
+  if tag then
+    -- its rank in its band's order (ties: admission sequence), plus what the other
+    -- bands start meanwhile by their share (FairQueue.position)
+    local bkey = K['band_' .. band]
+    position = redis.call('ZCOUNT', bkey, '-inf', '(' .. tag) + 1
+    local mine = tonumber(redis.call('HGET', P .. 'job:' .. id, 'seq') or '0')
+    for _, other in ipairs(redis.call('ZRANGEBYSCORE', bkey, tag, tag)) do
+      if other ~= id then
+        local seq = tonumber(redis.call('HGET', P .. 'job:' .. other, 'seq') or '0')
+        if seq < mine then position = position + 1 end
+      end
+    end
+    local rank = position
+    for _, b in ipairs(BANDS) do
+      if b ~= band then
+        local n = redis.call('ZCARD', K['band_' .. b])
+        position = position + math.min(n, math.floor(rank * BAND_WEIGHT[b] / BAND_WEIGHT[band]))
+      end
+    end
+  elseif f[1] == 'pending' then
     -- pending is scored by admission ms: count the earlier ones, then break ties
     -- within the same millisecond by admission sequence
     local created = f[3]
@@ -58,6 +111,7 @@ end
 -- The one non-terminal -> terminal transition (callers check the state first).
 local function terminate(id, state, result, err, ttl_ms, max_completed)
   local key = P .. 'job:' .. id
+  fair_release(id, key, redis.call('HGET', key, 'state') == 'pending')
   redis.call('HSET', key, 'state', state, 'completed', now_ms_text())
   if result then redis.call('HSET', key, 'result', result) end
   if err then redis.call('HSET', key, 'error', err) end
@@ -89,6 +143,10 @@ local function requeue(id, key, attempt)
   redis.call('HDEL', key, 'owner', 'started', 'progress')
   redis.call('ZREM', K.leases, id)
   redis.call('ZADD', K.pending, redis.call('HGET', key, 'created'), id)
-  redis.call('XADD', K.queue, '*', 'job', id)
+  -- back into its band with its own start tag: it keeps its place in the order
+  local f = redis.call('HMGET', key, 'band', 'tag')
+  local band = f[1] or 'normal'
+  band_wakes(band)
+  redis.call('ZADD', K['band_' .. band], f[2] or num(fget('v:' .. band)), id)
   redis.call('PUBLISH', CHANNEL, 'q ' .. id)
 end

@@ -1,0 +1,130 @@
+# ruff: noqa: F811 - pytest fixtures imported from the contract suite
+"""The fair order and the callers' quotas on the Redis store (issue 19 item 4): CLAIM
+takes jobs in the same order as the memory ledger (one Lua step for every replica),
+ADMIT checks the caller's own limit, and a job handed back or requeued after a lost
+replica keeps its place. Against a real ``redis-server``."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from mortred_twisted.jobs.fair_queue import CallerTerms
+from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.runtime.redis_store import RedisJobStore
+from tests.jobs.test_store_contract import REQ, redis, redis_store  # noqa: F401
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def model_id() -> str:
+    return "F" + uuid.uuid4().hex[:8]
+
+
+@pytest_twisted.async_yield_fixture
+async def stores(redis: RedisServer, model_id: str) -> AsyncIterator[Callable[..., Any]]:
+    built: list[RedisJobStore] = []
+
+    async def make(**kw: Any) -> RedisJobStore:
+        kw.setdefault("max_queue", 1000)
+        store = redis_store(redis.url, model_id, **kw)
+        store.start()
+        built.append(store)
+        await store.link.when_connected()
+        return store
+
+    yield make
+    for store in built:
+        await store.stop()
+
+
+async def claim_all(store: RedisJobStore, n: int) -> list[str]:
+    order = []
+    for _ in range(n):
+        claim = await store.claim_next()
+        assert claim is not None
+        order.append(claim.job_id)
+    return order
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_small_caller_is_not_stuck_behind_a_flood(stores: Callable[..., Any]) -> None:
+    """A has 40 pending, B then submits 4 (equal weights): B's start within the next
+    ten claims, on two replicas taking turns (one global order)."""
+    a, b = await stores(), await stores()
+    mine = {}
+    for i in range(40):
+        mine[(await a.admit(REQ, f"a{i}", owner="A")).job_id] = f"a{i}"
+    await claim_all(a, 2)
+    for i in range(4):
+        mine[(await b.admit(REQ, f"b{i}", owner="B")).job_id] = f"b{i}"
+    order = [mine[j] for j in await claim_all(a, 5) + await claim_all(b, 5)]
+    assert [t for t in order if t.startswith("b")] == ["b0", "b1", "b2", "b3"]
+    assert order.index("b3") < 10
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_same_order_as_the_memory_ledger(stores: Callable[..., Any]) -> None:
+    """Three callers with weights 1, 2, 3 and mixed bands: Redis claims in exactly the
+    order the memory ledger starts them, and queue positions agree."""
+    store = await stores()
+    ids = itertools.count(1)
+    ledger: AsyncJobTable[str] = AsyncJobTable(max_queue=1000, id_factory=lambda: f"m{next(ids)}")
+    plan = [("A", 1, "normal"), ("B", 2, "normal"), ("C", 3, "high"), ("A", 1, "low")] * 6
+    names: dict[str, str] = {}
+    mem: dict[str, str] = {}
+    for n, (caller, weight, band) in enumerate(plan):
+        terms = CallerTerms(weight=weight, max_priority="high")
+        job = (await store.admit(REQ, f"t{n}", owner=caller, terms=terms, priority=band)).job_id
+        names[job] = f"t{n}"
+        mem[ledger.admit("r", f"t{n}", owner=caller, terms=terms, priority=band).job_id] = f"t{n}"
+    first = next(iter(names))
+    assert (await store.snapshot(first)).queue_position == ledger.snapshot("m1").queue_position
+    redis_order = [names[j] for j in await claim_all(store, len(plan))]
+    memory_order = []
+    while (job := ledger.next_pending()) is not None:
+        ledger.transition_running(job)
+        memory_order.append(mem[job])
+    assert redis_order == memory_order
+    assert await store.claim_next() is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_caller_over_its_quota_is_refused_with_over_quota(
+    stores: Callable[..., Any],
+) -> None:
+    """The caller's limit counts pending + running; ending a job frees a place; the
+    model default applies without the key's own number."""
+    store = await stores(max_pending_per_caller=2)
+    first = (await store.admit(REQ, owner="A")).job_id
+    assert (await store.admit(REQ, owner="A")).job_id is not None
+    refused = await store.admit(REQ, owner="A")
+    assert refused.job_id is None and refused.over_quota and refused.limit == 2
+    assert (await store.admit(REQ, owner="B")).job_id is not None
+    one = CallerTerms(max_pending=1)
+    assert (await store.admit(REQ, owner="C", terms=one)).job_id is not None
+    assert (await store.admit(REQ, owner="C", terms=one)).over_quota
+    claim = await store.claim_next()
+    assert claim is not None and claim.job_id == first
+    assert (await store.admit(REQ, owner="A")).over_quota  # running counts too
+    assert await store.terminate(first, JobState.DONE, result=b"{}")
+    assert (await store.admit(REQ, owner="A")).job_id is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_job_handed_back_keeps_its_place(stores: Callable[..., Any]) -> None:
+    """A replica that stops hands its job back: it is claimed again before the jobs
+    admitted after it (its start tag is kept), and the quotas are unchanged."""
+    a, b = await stores(max_pending_per_caller=3), await stores(max_pending_per_caller=3)
+    jobs = [(await a.admit(REQ, owner="A")).job_id for _ in range(3)]
+    claim = await a.claim_next()
+    assert claim is not None and claim.job_id == jobs[0]
+    assert await a.hand_back(jobs[0])
+    assert (await b.admit(REQ, owner="A")).over_quota
+    assert await claim_all(b, 3) == jobs
