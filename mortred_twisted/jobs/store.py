@@ -28,7 +28,8 @@ with Deferreds (no Redis call ever blocks the reactor thread). Callers go throug
 **Two ways a job reaches a worker** (``pull``): the memory store is push — the
 route that admitted a job hands it to the runner, which calls :meth:`JobStore.begin`
 once a worker is free. A shared store is pull — a replica with a free worker calls
-:meth:`JobStore.claim_next`, which takes the oldest pending job of the model id for
+:meth:`JobStore.claim_next`, which takes the next pending job of the model id in the
+fair order (``jobs/fair_queue.py``: callers' weights, priority bands) for
 this replica (under a lease the replica renews) or answers None.
 
 This module imports no Twisted at run time.
@@ -166,7 +167,8 @@ class JobStore(Protocol[RequestT]):
         ...
 
     def claim_next(self) -> Maybe[Claim | None]:
-        """Pull mode: the oldest pending job, now running on this replica, or None."""
+        """Pull mode: the next pending job in the fair order, now running on this
+        replica, or None."""
         ...
 
     def terminate(
