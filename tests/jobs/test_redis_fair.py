@@ -128,3 +128,18 @@ async def test_a_job_handed_back_keeps_its_place(stores: Callable[..., Any]) -> 
     assert await a.hand_back(jobs[0])
     assert (await b.admit(REQ, owner="A")).over_quota
     assert await claim_all(b, 3) == jobs
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_restarted_replica_keeps_the_order_and_the_quotas(
+    stores: Callable[..., Any],
+) -> None:
+    """The order and the counts live in Redis: a replica started after the first one
+    stopped claims B's job second (not after A's backlog) and still refuses A."""
+    first = await stores(max_pending_per_caller=4)
+    a_jobs = [(await first.admit(REQ, owner="A")).job_id for _ in range(4)]
+    b_job = (await first.admit(REQ, owner="B")).job_id
+    await first.stop()
+    again = await stores(max_pending_per_caller=4)
+    assert (await again.admit(REQ, owner="A")).over_quota
+    assert await claim_all(again, 3) == [a_jobs[0], b_job, a_jobs[1]]
