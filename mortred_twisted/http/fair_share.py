@@ -121,5 +121,3 @@ def queue_body(view: QueueView) -> bytes:
             ],
         }
     )
-
-
