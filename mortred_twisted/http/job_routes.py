@@ -128,8 +128,11 @@ class JobRoutes:
             missing = ApiError(E.NOT_FOUND, "this job store does not show its queue yet")
             return self.responder.job_error(request, missing, rid)
         owner, sees_all = self.principal(request)
-        body = queue_body(view(None if sees_all else owner))
-        return self.responder.respond(request, 200, body, rid)
+        answer = then(
+            view(None if sees_all else owner),
+            lambda v: self.responder.respond(request, 200, queue_body(v), rid),
+        )
+        return self.responder.store_errors(request, answer, rid)
 
     # -- cancel -------------------------------------------------------------------
 

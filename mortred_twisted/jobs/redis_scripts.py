@@ -107,6 +107,7 @@ _SCRIPT_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cancel": (("depth", "pending", "leases", "done", "uses", "index", *_FAIR), ("job",)),
     "job_extras": ((), ("job",)),
     "list": (("index", "pending", *_FAIR), ()),
+    "queue": (("pending", "depth", *_FAIR), ()),
 }
 
 

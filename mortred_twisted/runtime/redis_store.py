@@ -62,8 +62,10 @@ from mortred_twisted.jobs.fair_queue import (
 )
 from mortred_twisted.jobs.ledger import (
     Admission,
+    CallerLine,
     JobPage,
     JobSnapshot,
+    QueueView,
     ResultLookup,
     new_job_id,
     parse_cursor,
@@ -104,6 +106,10 @@ EVENTS_SUFFIX = "#events"
 def replica_name() -> str:
     """This process's consumer/owner name: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{new_job_id()[4:12]}"
+
+
+#: Pending jobs ``queue_view`` reads to find each caller's oldest (a bounded scan).
+QUEUE_SCAN = 1000
 
 
 class RedisJobStore:
@@ -300,6 +306,36 @@ class RedisJobStore:
             return extras[0], frozenset(e for e in extras[1].split(",") if e)
 
         return self._extras(job_id).addCallback(decode)
+
+    def queue_view(self, owner: str | None = None) -> Deferred[QueueView]:
+        """``GET /queue``: totals and one line per caller holding jobs (only
+        ``owner``'s when given). A caller's oldest wait is looked for among the
+        :data:`QUEUE_SCAN` oldest pending jobs of the model (0 beyond them)."""
+
+        def decode(reply: list[Any]) -> QueueView:
+            depth, pending, first, now = reply[:4]
+            now = int(now)
+            lines = []
+            rest = reply[4:]
+            for i in range(0, len(rest), 5):
+                who, active, running, oldest, limit = rest[i : i + 5]
+                since = reply_text(oldest)
+                lines.append(
+                    CallerLine(
+                        reply_text(who), int(active) - int(running), int(running),
+                        now - int(float(since)) if since else 0, int(limit),
+                    )
+                )  # fmt: skip
+            if owner is not None and not lines:
+                lines.append(CallerLine(owner, 0, 0, 0, self._per_caller))
+            start = reply_text(first)
+            oldest_ms = now - int(float(start)) if start else 0
+            depth, pending = int(depth), int(pending)
+            return QueueView(
+                depth, pending, depth - pending, oldest_ms, self._max_queue, sorted(lines)
+            )
+
+        return self._script("queue", owner or "", QUEUE_SCAN).addCallback(decode)
 
     def list_jobs(
         self,

@@ -143,3 +143,26 @@ async def test_a_restarted_replica_keeps_the_order_and_the_quotas(
     again = await stores(max_pending_per_caller=4)
     assert (await again.admit(REQ, owner="A")).over_quota
     assert await claim_all(again, 3) == [a_jobs[0], b_job, a_jobs[1]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_queue_view_counts_each_caller(stores: Callable[..., Any]) -> None:
+    """GET /queue's view on Redis: depth, pending, running per caller (counts kept by
+    ADMIT, CLAIM, requeue and TERMINATE), the caller's limit, only its own line when
+    asked for one caller; a caller with nothing held has a zero line."""
+    store = await stores(max_pending_per_caller=5)
+    a_jobs = [(await store.admit(REQ, owner="A")).job_id for _ in range(3)]
+    await store.admit(REQ, owner="B", terms=CallerTerms(max_pending=9))
+    claim = await store.claim_next()
+    assert claim is not None and claim.job_id == a_jobs[0]
+    view = await store.queue_view()
+    assert (view.depth, view.pending, view.running) == (4, 3, 1)
+    lines = {line.caller: line for line in view.callers}
+    assert (lines["A"].pending, lines["A"].running, lines["A"].limit) == (2, 1, 5)
+    assert (lines["B"].pending, lines["B"].running, lines["B"].limit) == (1, 0, 9)
+    assert lines["A"].oldest_wait_ms >= 0 and view.oldest_wait_ms >= lines["B"].oldest_wait_ms
+    assert await store.hand_back(a_jobs[0])
+    assert [(c.pending, c.running) for c in (await store.queue_view("A")).callers] == [(3, 0)]
+    await store.terminate(a_jobs[1], JobState.CANCELLED, error="x")
+    assert [(c.pending, c.running) for c in (await store.queue_view("A")).callers] == [(2, 0)]
+    assert [c.caller for c in (await store.queue_view("nobody")).callers] == ["nobody"]

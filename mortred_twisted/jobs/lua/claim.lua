@@ -41,6 +41,7 @@ for _ = 1, 64 do
   elseif f[1] == 'pending' then
     local now = now_ms()
     redis.call('HSET', key, 'state', 'running', 'owner', ARGV[1], 'started', now)
+    redis.call('HINCRBY', K.fair, 'r:' .. (redis.call('HGET', key, 'principal') or ''), 1)
     redis.call('ZREM', K.pending, id)
     redis.call('ZADD', K.leases, now + tonumber(ARGV[2]), id)
     return {id, f[2] or '', now - tonumber(f[3]), tonumber(f[4])}

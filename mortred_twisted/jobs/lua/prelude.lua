@@ -29,7 +29,8 @@ end
 -- The fair order (jobs/fair_queue.py, the same integer arithmetic): pending jobs in
 -- one ZSET per band scored by start tag; K.fair holds each band's virtual time
 -- (v:<band>) and pass (p:<band>), the last start's pass (gp), each flow's finish tag
--- (f:<band>:<caller>) and each caller's pending + running jobs (a:<caller>).
+-- (f:<band>:<caller>), each caller's pending + running jobs (a:<caller>), its running
+-- jobs (r:<caller>) and the limit it was last admitted under (l:<caller>).
 local BANDS = {'low', 'normal', 'high'}
 local BAND_RANK = {low = 0, normal = 1, high = 2}
 local BAND_WEIGHT = {low = 1, normal = 4, high = 16}
@@ -53,9 +54,11 @@ local function fair_release(id, key, was_pending)
     redis.call('ZREM', K['band_' .. f[1]], id)
     local flow = 'f:' .. f[1] .. ':' .. caller
     if redis.call('HGET', K.fair, flow) == f[3] then redis.call('HSET', K.fair, flow, f[2]) end
+  elseif redis.call('HINCRBY', K.fair, 'r:' .. caller, -1) <= 0 then
+    redis.call('HDEL', K.fair, 'r:' .. caller)
   end
   if redis.call('HINCRBY', K.fair, 'a:' .. caller, -1) <= 0 then
-    redis.call('HDEL', K.fair, 'a:' .. caller)
+    redis.call('HDEL', K.fair, 'a:' .. caller, 'r:' .. caller, 'l:' .. caller)
   end
 end
 local function use_mark()
@@ -144,8 +147,11 @@ local function requeue(id, key, attempt)
   redis.call('ZREM', K.leases, id)
   redis.call('ZADD', K.pending, redis.call('HGET', key, 'created'), id)
   -- back into its band with its own start tag: it keeps its place in the order
-  local f = redis.call('HMGET', key, 'band', 'tag')
+  local f = redis.call('HMGET', key, 'band', 'tag', 'principal')
   local band = f[1] or 'normal'
+  if f[1] and redis.call('HINCRBY', K.fair, 'r:' .. (f[3] or ''), -1) <= 0 then
+    redis.call('HDEL', K.fair, 'r:' .. (f[3] or ''))
+  end
   band_wakes(band)
   redis.call('ZADD', K['band_' .. band], f[2] or num(fget('v:' .. band)), id)
   redis.call('PUBLISH', CHANNEL, 'q ' .. id)
