@@ -76,6 +76,8 @@ def test_sighup_reloads_keys_without_dropping_requests(plane: ControlPlane) -> N
         )
     )
     waiter.start()
+    # The wait must be in flight (forwarded) before the reload, or it races it.
+    wait_until(lambda: metric(plane, "mortred_gateway_inflight_requests") >= 1, 10, "in flight")
     key_file(plane.tmp / "api_keys.toml", ("new", "key-new", 0))  # type: ignore[attr-defined]
     os.kill(plane.status()["gateway"]["pid"], signal.SIGHUP)
     wait_until(lambda: plane.gw("GET", f"{JOBS}/job_x", token="key-new")[0] == 404, 10, "reload")
