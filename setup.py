@@ -18,8 +18,8 @@ setup(
     package_dir={"twisted.plugins": "twisted_plugins"},
     package_data={
         "mortred_twisted.ui.static": ["*.html", "*.js", "*.css"],
-        # the Redis job store's Lua scripts (jobs/redis_scripts.py loads them)
-        "mortred_twisted.jobs": ["lua/*.lua"],
+        # the Redis job store's Lua scripts (stores/redis_scripts.py loads them)
+        "mortred_twisted.stores": ["lua/*.lua"],
     },
     include_package_data=True,
     install_requires=[
@@ -38,7 +38,7 @@ setup(
         # decides no chunk size, Content-Length or Transfer-Encoding itself.
         "httptools==0.9.0",
         # job_store = "redis": hiredis' C command packer and reply reader (redis-py's
-        # parser) under our own Twisted protocol (runtime/resp.py; never blocks the
+        # parser) under our own Twisted protocol (stores/resp.py; never blocks the
         # reactor). It replaced txredisapi 1.6, whose per-argument Python encoding and
         # Deferreds per reply halved the pipelined rate (docs/architecture.md).
         "hiredis==3.5.0",

@@ -77,7 +77,7 @@ def redis_runs(jobs: int, repeat: int) -> None:
 
     from mortred_twisted.jobs.states import JobState
     from mortred_twisted.models.base import InferenceRequest
-    from tests.jobs.test_store_contract import redis_store
+    from tests.stores.test_store_contract import redis_store
     from tests.support.redis_server import redis_server
 
     request = InferenceRequest(req_id="r", images=(b"x",))

@@ -55,8 +55,8 @@ async def measure_client(url: str, n: int) -> list[tuple[str, str]]:
     from twisted.internet.defer import gatherResults
 
     from mortred_twisted.config.server import parse_redis_url
-    from mortred_twisted.jobs.redis_scripts import key_prefix
-    from mortred_twisted.runtime.redis_link import RedisLink
+    from mortred_twisted.stores.redis_link import RedisLink
+    from mortred_twisted.stores.redis_scripts import key_prefix
 
     prefix = key_prefix("BENCH")
     link = RedisLink(

@@ -36,8 +36,8 @@ from mortred_twisted.jobs.fair_queue import (
     CallerTerms,
     priority_rank,
 )
-from mortred_twisted.jobs.ledger import QueueView
 from mortred_twisted.jobs.status import retry_after_s
+from mortred_twisted.jobs.types import QueueView
 
 WEIGHT_HEADER = b"X-Mortred-Weight"
 MAX_PENDING_HEADER = b"X-Mortred-Max-Pending"

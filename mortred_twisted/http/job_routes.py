@@ -36,10 +36,10 @@ from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
 from mortred_twisted.http11 import sse
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
-from mortred_twisted.jobs.ledger import Admission, JobPage, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.status import status_body
 from mortred_twisted.jobs.store import settle, then
+from mortred_twisted.jobs.types import Admission, JobPage, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.job_events import events_counter

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from mortred_twisted.jobs.ledger import JobSnapshot
+from mortred_twisted.jobs.types import JobSnapshot
 
 
 def status_body(snap: JobSnapshot) -> bytes:

@@ -1,8 +1,8 @@
 """``JobStore``: everything the HTTP edge and the job runner do with jobs (pure).
 
-Two implementations: :class:`~mortred_twisted.jobs.memory_store.MemoryJobStore`
+Two implementations: :class:`~mortred_twisted.stores.memory_store.MemoryJobStore`
 (the in-process :class:`~mortred_twisted.jobs.ledger.AsyncJobTable`, the embedded
-default) and :class:`~mortred_twisted.runtime.redis_store.RedisJobStore` (a Redis
+default) and :class:`~mortred_twisted.stores.redis_store.RedisJobStore` (a Redis
 shared by every replica of one model id).
 
 **Answers are "maybe deferred".** Each call returns either its value or a
@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from mortred_twisted.jobs.ledger import Admission, JobPage, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.states import CancelOutcome, JobState
+from mortred_twisted.jobs.types import Admission, JobPage, JobSnapshot, ResultLookup
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)

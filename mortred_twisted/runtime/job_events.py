@@ -28,9 +28,9 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mortred_twisted.jobs.ledger import JobSnapshot
 from mortred_twisted.jobs.status import status_doc
 from mortred_twisted.jobs.store import JobStore, then
+from mortred_twisted.jobs.types import JobSnapshot
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.webhooks import WebhookSender
 

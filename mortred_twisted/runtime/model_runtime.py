@@ -23,11 +23,9 @@ from twisted.logger import Logger
 
 from mortred_twisted.config.server import ServerConfig, redis_address
 from mortred_twisted.jobs.ledger import AsyncJobTable
-from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.status import retry_after_s
 from mortred_twisted.jobs.store import JobStore
 from mortred_twisted.jobs.webhooks import secret_key
-from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model
 from mortred_twisted.models.isolated import IsolatedModel
@@ -40,6 +38,8 @@ from mortred_twisted.runtime.job_events import JobEvents
 from mortred_twisted.runtime.runner import JobRunner
 from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
+from mortred_twisted.stores.memory_store import MemoryJobStore
+from mortred_twisted.stores.wire import decode_request, encode_request
 
 log = Logger()
 
@@ -130,8 +130,8 @@ class ModelRuntime:
                 max_pending_per_caller=cfg.async_max_queue_per_caller,
             )
             return MemoryJobStore(self.ledger)
-        from mortred_twisted.runtime.redis_link import RedisLink
-        from mortred_twisted.runtime.redis_store import RedisJobStore
+        from mortred_twisted.stores.redis_link import RedisLink
+        from mortred_twisted.stores.redis_store import RedisJobStore
 
         address = redis_address(cfg)
         registry = self.metrics.registry

@@ -68,7 +68,8 @@ def test_a_request_being_handled_is_not_cut_by_the_timeout(server: RunningServer
     assert code == 202, doc
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(
-            f"GET /jobs/{doc['job_id']}/wait?timeout=20000 HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+            f"GET /jobs/{doc['job_id']}/wait?timeout=20000 HTTP/1.1\r\n"
+            "Host: localhost\r\n\r\n".encode()
         )
         answer = _read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 200")

@@ -204,9 +204,9 @@ def test_not_ready_server_answers_503() -> None:
 
 def test_status_body_is_valid_json_for_any_error_and_request_id() -> None:
     """The hand-assembled status answer escapes free text exactly as json.dumps does."""
-    from mortred_twisted.jobs.ledger import JobSnapshot
     from mortred_twisted.jobs.states import JobState
     from mortred_twisted.jobs.status import status_body
+    from mortred_twisted.jobs.types import JobSnapshot
 
     snap = JobSnapshot(
         job_id="job_00ff",

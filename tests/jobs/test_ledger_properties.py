@@ -31,8 +31,9 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from mortred_twisted.jobs.ledger import AsyncJobTable, JobSnapshot
+from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
+from mortred_twisted.jobs.types import JobSnapshot
 
 MAX_QUEUE = 4
 TTL_MS = 5_000

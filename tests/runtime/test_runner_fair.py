@@ -8,13 +8,13 @@ from typing import Any
 from twisted.internet.task import Clock
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
-from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import InferenceRequest, Model, RunContext
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.runner import JobRunner
 from mortred_twisted.runtime.workers import WorkerPool
+from mortred_twisted.stores.memory_store import MemoryJobStore
 from tests.fakes.threads import HandThreads
 
 

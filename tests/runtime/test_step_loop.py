@@ -10,7 +10,6 @@ import pytest
 from twisted.internet.task import Clock
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
-from mortred_twisted.jobs.memory_store import MemoryJobStore
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.base import (
@@ -25,6 +24,7 @@ from mortred_twisted.runtime.inference import SyncInference
 from mortred_twisted.runtime.runner import JobRunner
 from mortred_twisted.runtime.step_loop import StepLoop, run_model
 from mortred_twisted.runtime.workers import WorkerPool
+from mortred_twisted.stores.memory_store import MemoryJobStore
 from tests.fakes.threads import HandThreads
 
 

@@ -14,16 +14,16 @@ from collections.abc import Callable, Container
 from typing import Any, Generic, TypeVar
 
 from mortred_twisted.jobs.fair_queue import DEFAULT_PRIORITY, DEFAULT_TERMS, CallerTerms
-from mortred_twisted.jobs.ledger import (
+from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.states import CancelOutcome, JobState
+from mortred_twisted.jobs.store import Claim
+from mortred_twisted.jobs.types import (
     Admission,
-    AsyncJobTable,
     JobPage,
     JobSnapshot,
     QueueView,
     ResultLookup,
 )
-from mortred_twisted.jobs.states import CancelOutcome, JobState
-from mortred_twisted.jobs.store import Claim
 
 RequestT = TypeVar("RequestT")
 

@@ -12,7 +12,7 @@ import pytest_twisted
 
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import settle
-from tests.jobs.test_store_contract import (  # noqa: F401 - fixtures
+from tests.stores.test_store_contract import (  # noqa: F401 - fixtures
     REQ,
     Factory,
     eventually,

@@ -17,8 +17,8 @@ import pytest_twisted
 from mortred_twisted.jobs.fair_queue import CallerTerms
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
-from mortred_twisted.runtime.redis_store import RedisJobStore
-from tests.jobs.test_store_contract import REQ, redis, redis_store  # noqa: F401
+from mortred_twisted.stores.redis_store import RedisJobStore
+from tests.stores.test_store_contract import REQ, redis, redis_store  # noqa: F401
 from tests.support.redis_server import RedisServer
 
 

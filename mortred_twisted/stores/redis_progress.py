@@ -1,5 +1,5 @@
 """``ProgressWriter``: coalesced progress writes of the jobs one replica runs (the
-Redis store's :meth:`~mortred_twisted.runtime.redis_store.RedisJobStore.set_progress`).
+Redis store's :meth:`~mortred_twisted.stores.redis_store.RedisJobStore.set_progress`).
 
 A model reports every step from its worker thread; each report would otherwise cost
 a reactor hop, an ``EVALSHA`` and a ``PUBLISH`` fanned out to every replica. Here

@@ -20,15 +20,15 @@ from twisted.internet.task import deferLater
 
 from mortred_twisted.config.server import parse_redis_url
 from mortred_twisted.jobs.ledger import AsyncJobTable
-from mortred_twisted.jobs.memory_store import MemoryJobStore
-from mortred_twisted.jobs.redis_scripts import LOST_REPLICA_ERROR
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import StoreUnavailable, settle
-from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.models.base import InferenceRequest
 from mortred_twisted.runtime.counters import NamedCounters
-from mortred_twisted.runtime.redis_link import RedisLink
-from mortred_twisted.runtime.redis_store import RedisJobStore
+from mortred_twisted.stores.memory_store import MemoryJobStore
+from mortred_twisted.stores.redis_link import RedisLink
+from mortred_twisted.stores.redis_scripts import LOST_REPLICA_ERROR
+from mortred_twisted.stores.redis_store import RedisJobStore
+from mortred_twisted.stores.wire import decode_request, encode_request
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.servers import free_port
 

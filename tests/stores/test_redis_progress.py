@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from mortred_twisted.runtime.redis_progress import ProgressWriter
+from mortred_twisted.stores.redis_progress import ProgressWriter
 
 
 class HopCountingClock(Clock):

@@ -14,8 +14,8 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from mortred_twisted.config.server import parse_redis_url
 from mortred_twisted.jobs.store import StoreUnavailable
-from mortred_twisted.runtime.redis_link import RedisLink
-from mortred_twisted.runtime.resp import RedisReplyError, RespConnection
+from mortred_twisted.stores.redis_link import RedisLink
+from mortred_twisted.stores.resp import RedisReplyError, RespConnection
 from tests.support.redis_server import redis_server
 
 

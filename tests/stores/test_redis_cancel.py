@@ -21,12 +21,12 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from mortred_twisted.jobs.redis_scripts import LIST_SCAN, key_prefix
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import StoreUnavailable
 from mortred_twisted.runtime.counters import NamedCounters
-from mortred_twisted.runtime.redis_store import RedisJobStore
-from tests.jobs.test_store_contract import REQ, eventually, redis, redis_store  # noqa: F401
+from mortred_twisted.stores.redis_scripts import LIST_SCAN, key_prefix
+from mortred_twisted.stores.redis_store import RedisJobStore
+from tests.stores.test_store_contract import REQ, eventually, redis, redis_store  # noqa: F401
 from tests.support.redis_server import RedisServer
 
 

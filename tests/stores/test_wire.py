@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mortred_twisted.jobs.wire import MAGIC, decode_request, encode_request
 from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.stores.wire import MAGIC, decode_request, encode_request
 
 REQ = InferenceRequest(
     req_id="r-☃", images=(b"\x00\xff\r\n", b"", b"x" * 70_000), params={"steps": 5, "s": [1, 2]}

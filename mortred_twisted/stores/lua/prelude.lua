@@ -1,4 +1,4 @@
--- Shared by every script of the job store (jobs/redis_scripts.py prepends it, after
+-- Shared by every script of the job store (stores/redis_scripts.py prepends it, after
 -- `local KEY_NAMES = {...}`: the names of the fixed keys the script receives, in the
 -- order of KEYS). Every key a caller can name is passed in KEYS; the hashes of jobs a
 -- script finds itself (in the queue stream, in an index) are named from the prefix P,

@@ -1,5 +1,5 @@
 """``RedisLink``: one process's connections to Redis, on the reactor
-(:class:`~mortred_twisted.runtime.resp.RespConnection`, RESP through hiredis).
+(:class:`~mortred_twisted.stores.resp.RespConnection`, RESP through hiredis).
 
 Two connections, each kept up by a :class:`_Keeper` (reconnect with backoff), to a
 host name, an IPv4 or an IPv6 address (``HostnameEndpoint``), over TLS for
@@ -7,7 +7,7 @@ host name, an IPv4 or an IPv6 address (``HostnameEndpoint``), over TLS for
 client certificate when given):
 
 - **commands**: every store operation is one ``EVALSHA`` of a script from
-  :mod:`mortred_twisted.jobs.redis_scripts` (loaded on each new connection, after
+  :mod:`mortred_twisted.stores.redis_scripts` (loaded on each new connection, after
   ``AUTH``/``SELECT``, so a restarted Redis gets them again; ``on_connected`` runs
   after each). Replies are hiredis' values (bytes, ints, lists; never decoded or
   number-converted). While the connection is down a call fails at once with
@@ -57,9 +57,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mortred_twisted.config.server import RedisAddress
-from mortred_twisted.jobs.redis_scripts import GROUP, SCRIPTS
 from mortred_twisted.jobs.store import StoreUnavailable
-from mortred_twisted.runtime.resp import RedisReplyError, RespConnection
+from mortred_twisted.stores.redis_scripts import GROUP, SCRIPTS
+from mortred_twisted.stores.resp import RedisReplyError, RespConnection
 
 log = Logger()
 

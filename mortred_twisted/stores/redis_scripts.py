@@ -67,8 +67,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from mortred_twisted.jobs.ledger import JobSnapshot, ResultLookup
 from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.types import JobSnapshot, ResultLookup
 
 GROUP = "workers"
 LOST_REPLICA_ERROR = "interrupted: replica lost"

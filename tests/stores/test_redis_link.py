@@ -30,11 +30,11 @@ from twisted.logger import formatEvent, globalLogPublisher
 from mortred_twisted.config.server import RedisAddress, parse_redis_url
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import StoreUnavailable
-from mortred_twisted.jobs.wire import decode_request, encode_request
 from mortred_twisted.runtime.counters import NamedCounters
-from mortred_twisted.runtime.redis_link import RedisLink
-from mortred_twisted.runtime.redis_store import RedisJobStore
-from tests.jobs.test_store_contract import REQ, eventually, redis  # noqa: F401
+from mortred_twisted.stores.redis_link import RedisLink
+from mortred_twisted.stores.redis_store import RedisJobStore
+from mortred_twisted.stores.wire import decode_request, encode_request
+from tests.stores.test_store_contract import REQ, eventually, redis  # noqa: F401
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 from tests.support.tls import TlsFiles, make_tls_files

@@ -25,7 +25,7 @@ Contract (reactor thread only):
   idle seconds, then one a second, three unanswered probes end it) and
   ``TCP_USER_TIMEOUT`` (written data unacknowledged that long ends it): a peer that
   vanished is noticed by the kernel even when nothing is asked of it. The link's
-  ``PING`` watchdog (:mod:`~mortred_twisted.runtime.redis_link`) is the main check;
+  ``PING`` watchdog (:mod:`~mortred_twisted.stores.redis_link`) is the main check;
   these cover a half-open path the pings alone would notice later.
 """
 

@@ -1,6 +1,6 @@
 """``RedisJobStore``: the :class:`~mortred_twisted.jobs.store.JobStore` shared by every
 replica of one model id, on Redis (data model and scripts in
-:mod:`mortred_twisted.jobs.redis_scripts`).
+:mod:`mortred_twisted.stores.redis_scripts`).
 
 Pull mode: a replica takes a job with :meth:`claim_next` only when it has a free
 worker; the job runs under a lease (``job_lease_ms``) that :meth:`maintain`
@@ -32,7 +32,7 @@ called more than once per job). A ``c`` for a job not (yet) held is remembered f
 a while and applied when the claim's reply comes in.
 
 **Progress** (:meth:`set_progress`, any thread) is coalesced per job
-(:class:`~mortred_twisted.runtime.redis_progress.ProgressWriter`): at most five
+(:class:`~mortred_twisted.stores.redis_progress.ProgressWriter`): at most five
 writes a second plus the last step, one reactor hop per write.
 The write publishes a ``p`` event only while some replica's event stream follows
 the job: each replica refreshes a short-lived ``follow`` key for the jobs its
@@ -60,17 +60,21 @@ from mortred_twisted.jobs.fair_queue import (
     MAX_WEIGHT,
     CallerTerms,
 )
-from mortred_twisted.jobs.ledger import (
+from mortred_twisted.jobs.ledger import new_job_id, parse_cursor
+from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
+from mortred_twisted.jobs.store import Claim, StoreUnavailable
+from mortred_twisted.jobs.types import (
     Admission,
     CallerLine,
     JobPage,
     JobSnapshot,
     QueueView,
     ResultLookup,
-    new_job_id,
-    parse_cursor,
 )
-from mortred_twisted.jobs.redis_scripts import (
+from mortred_twisted.runtime.counters import NamedCounters
+from mortred_twisted.stores.redis_link import RedisLink
+from mortred_twisted.stores.redis_progress import ProgressWriter
+from mortred_twisted.stores.redis_scripts import (
     LOST_REPLICA_ERROR,
     decode_result,
     decode_snapshot,
@@ -81,11 +85,6 @@ from mortred_twisted.jobs.redis_scripts import (
     reply_text,
     script_keys,
 )
-from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
-from mortred_twisted.jobs.store import Claim, StoreUnavailable
-from mortred_twisted.runtime.counters import NamedCounters
-from mortred_twisted.runtime.redis_link import RedisLink
-from mortred_twisted.runtime.redis_progress import ProgressWriter
 
 log = Logger()
 
