@@ -93,12 +93,16 @@ eval-diffusion: install
 train-perception: install
 	$(PY) -m training.perception.train_mobilenetv2
 	$(PY) -m training.perception.train_yolov8
+	$(PY) -m training.perception.train_rtdetr
+	$(PY) -m training.perception.train_sam_network
 	$(PY) -m training.perception.train_sam
 
 eval-perception: install
 	$(PY) -m training.perception.eval_mobilenetv2
 	$(PY) -m training.perception.eval_yolov8
+	$(PY) -m training.perception.eval_rtdetr
 	$(PY) -m training.perception.eval_sam_amg
+	$(PY) -m training.perception.eval_sam_amg --pretrained weights/perception/sam_amg
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

@@ -1,9 +1,10 @@
 """Speed of the perception models on this CPU: latency per image, throughput with and
 without dynamic batching (``run_batch``: many requests, one forward pass).
 
-Command (about a minute; prints a markdown table)::
+Command (a minute or two; prints a markdown table)::
 
     .venv/bin/python bench/perception_speed.py [--threads 1] [--repeats 30] [--batch 8]
+        [--models MOBILENETV2,YOLOV8,RTDETR,SAM_AMG,SAM_AMG_SAMMODEL]
 
 Models are built from the shipped configs (verified weights) and called in-process,
 so the figures are the model's share of a request (no HTTP). Inputs are the demo
@@ -27,10 +28,30 @@ sys.path.insert(0, str(ROOT))
 from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E402
 from mortred_twisted.models.registry import create_model  # noqa: E402
 
-MODELS = {
-    "MOBILENETV2": ("conf/model/classification/mobilenetv2.toml", "digit_canvas_3.png"),
-    "YOLOV8": ("conf/model/object_detection/yolov8.toml", "scene_1.png"),
-    "SAM_AMG": ("conf/model/segment_anything/sam_amg.toml", "scene_1.png"),
+SAM_CONFIG = "conf/model/segment_anything/sam_amg.toml"
+# name -> (model type, model config, demo picture, option overrides)
+MODELS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "MOBILENETV2": (
+        "MOBILENETV2",
+        "conf/model/classification/mobilenetv2.toml",
+        "digit_canvas_3.png",
+        {},
+    ),
+    "YOLOV8": ("YOLOV8", "conf/model/object_detection/yolov8.toml", "scene_1.png", {}),
+    "RTDETR": (
+        "OBJECT_DETECTION",
+        "conf/model/object_detection/rtdetr.toml",
+        "scene_1.png",
+        {},
+    ),
+    "SAM_AMG": ("SAM_AMG", SAM_CONFIG, "scene_1.png", {}),
+    # The same generator over the transformers SamModel trained here.
+    "SAM_AMG_SAMMODEL": (
+        "SAM_AMG",
+        SAM_CONFIG,
+        "scene_1.png",
+        {"pretrained": "weights/perception/sam_amg"},
+    ),
 }
 
 
@@ -38,10 +59,13 @@ def _request(image: bytes, i: int) -> InferenceRequest:
     return InferenceRequest(req_id=f"bench-{i}", images=(image,))
 
 
-def bench(model_type: str, repeats: int, batch: int) -> dict[str, float]:
+def bench(name: str, repeats: int, batch: int) -> dict[str, float]:
     """Median latency (ms) of one request, and images/s one by one and batched."""
-    config, picture = MODELS[model_type]
+    model_type, config, picture, overrides = MODELS[name]
     options = tomllib.loads((ROOT / config).read_text("utf-8"))
+    if "pretrained" in overrides:
+        options.pop("model_weights_path", None)
+    options.update(overrides)
     model = create_model(model_type, options, ROOT)
     image = (ROOT / "demo_data" / "perception" / picture).read_bytes()
     request = model.validate(_request(image, 0))
@@ -82,9 +106,8 @@ def main() -> None:
     )
     print("|---|---|---|---|")
     for name in args.models.split(","):
-        r = bench(
-            name, args.repeats if name != "SAM_AMG" else max(3, args.repeats // 10), args.batch
-        )
+        is_sam = MODELS[name][0] == "SAM_AMG"
+        r = bench(name, max(3, args.repeats // 10) if is_sam else args.repeats, args.batch)
         batched = f"{r['batched_img_s']:.0f}" if "batched_img_s" in r else "n/a (async job)"
         print(f"| {name} | {r['latency_ms']:.1f} | {r['seq_img_s']:.1f} | {batched} |")
 

@@ -22,7 +22,11 @@ MODEL_FACTORIES: Mapping[str, str] = {
     "DDIM": "mortred_twisted.models.diffusion.ddim:create",
     "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:create",
     "LDM": "mortred_twisted.models.diffusion.ldm:create",
-    "MOBILENETV2": "mortred_twisted.models.classification.mobilenetv2:create",
+    # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
+    # as a type and builds the same transformers image classifier.
+    "MOBILENETV2": "mortred_twisted.models.classification.image_classification:create",
+    "IMAGE_CLASSIFICATION": "mortred_twisted.models.classification.image_classification:create",
+    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:create",
     "YOLOV8": "mortred_twisted.models.detection.yolov8:create",
     "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:create",
 }

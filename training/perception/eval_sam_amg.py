@@ -3,9 +3,12 @@
 Command (a minute or two)::
 
     .venv/bin/python -m training.perception.eval_sam_amg [--val-scenes 100] [--set KEY=VALUE]
+        [--pretrained DIR] [--record]
 
 Runs the served automatic mask generator with the shipped config
-(``conf/model/segment_anything/sam_amg.toml``) and verified weights, and prints:
+(``conf/model/segment_anything/sam_amg.toml``: its model and generator settings) or,
+with ``--pretrained DIR``, the same settings over a verified transformers ``SamModel``
+directory (e.g. ``weights/perception/sam_amg``), and prints:
 
 * ``amg_mean_best_iou``: mean over ground-truth instances of the best IoU of any
   generated mask; ``amg_recall50``: share of instances with best IoU >= 0.5;
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,10 +35,11 @@ from mortred_twisted.models.classification.weights import (
     read_manifest,
     write_manifest_entry,
 )
+from mortred_twisted.models.diffusion.manifest import write_manifest
 from mortred_twisted.models.segment_anything.amg import AmgConfig
-from mortred_twisted.models.segment_anything.network import PromptableSegmenter
+from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
 from mortred_twisted.models.segment_anything.sam_amg import (
-    DEFAULT_WEIGHTS,
+    DEFAULT_PRETRAINED,
     create,
     load_for_eval,
 )
@@ -60,28 +65,28 @@ def innermost_point(mask: np.ndarray) -> tuple[float, float]:
 
 
 @torch.inference_mode()
-def point_miou(net: PromptableSegmenter, scenes: list[Any]) -> float:
+def point_miou(prompter: SamPrompter | NetworkPrompter, scenes: list[Any]) -> float:
     """Mean IoU of the top-scored mask for one innermost point per instance."""
     ious = []
     for scene in scenes:
         if not len(scene.masks):
             continue
-        x = torch.from_numpy(scene.image).permute(2, 0, 1)[None].float() / 255
         pts = torch.tensor([innermost_point(m) for m in scene.masks], dtype=torch.float32)
-        logits, iou = net.predict_points(net.embed(x), pts)
+        logits, iou = prompter.predict_points(prompter.embed(scene.image), pts)
         best = logits[torch.arange(len(pts)), iou.argmax(1)] > 0
         ious.extend(np.diag(mask_iou(best.numpy(), scene.masks)).tolist())
     return float(np.mean(ious))
 
 
 def evaluate(
-    net: PromptableSegmenter, n_scenes: int = 100, options: Mapping[str, Any] | None = None
+    prompter: SamPrompter | NetworkPrompter,
+    n_scenes: int = 100,
+    options: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
-    """AMG and single-point figures of ``net`` on the first ``n_scenes`` val scenes."""
-    net.eval()
+    """AMG and single-point figures of ``prompter`` on the first ``n_scenes`` val scenes."""
     opts = shipped_amg_options() if options is None else dict(options)
-    model = load_for_eval(net, **opts)
-    scenes = scene_split("val", n_scenes, net.input_size)
+    model = load_for_eval(prompter, **opts)
+    scenes = scene_split("val", n_scenes, 64)
     best, counts = [], []
     for scene in scenes:
         records = model.generator.generate(scene.image, model.config)
@@ -93,16 +98,29 @@ def evaluate(
         "amg_mean_best_iou": round(float(best_arr.mean()), 4),
         "amg_recall50": round(float((best_arr >= 0.5).mean()), 4),
         "amg_masks_per_image": round(float(np.mean(counts)), 2),
-        "point_miou": round(point_miou(net, scenes), 4),
+        "point_miou": round(point_miou(prompter, scenes), 4),
         "val_scenes": n_scenes,
         "val_instances": len(best_arr),
         "amg_config": opts or "defaults",  # type: ignore[dict-item]
     }
 
 
+def evaluate_directory(directory: Path, n_scenes: int = 100) -> dict[str, float]:
+    """:func:`evaluate` of the verified directory with the shipped generator settings."""
+    options = shipped_amg_options()
+    model = create({**options, "pretrained": str(directory)}, ROOT)
+    return evaluate(model.generator.prompter, n_scenes, options)
+
+
 def main() -> None:
     parser = base_parser(__doc__ or "")
     parser.add_argument("--val-scenes", type=int, default=100)
+    parser.add_argument(
+        "--pretrained",
+        default=None,
+        help=f"evaluate a transformers SamModel directory (e.g. {DEFAULT_PRETRAINED}) "
+        "instead of the shipped config's model",
+    )
     parser.add_argument(
         "--record", action="store_true", help="store the figures in the weights manifest"
     )
@@ -122,11 +140,21 @@ def main() -> None:
         options[key] = kind(value)
     if args.set and args.record:
         parser.error("--record stores the shipped config's figures; drop --set")
-    model = create(options, ROOT)
-    figures = evaluate(model.generator.net, args.val_scenes, options)
+    shipped = tomllib.loads(CONFIG.read_text("utf-8"))
+    source = (
+        {"pretrained": args.pretrained}
+        if args.pretrained
+        else {k: shipped[k] for k in ("pretrained", "model_weights_path") if k in shipped}
+    )
+    model = create({**options, **source}, ROOT)
+    figures = evaluate(model.generator.prompter, args.val_scenes, options)
     print(json.dumps(figures, indent=2))
-    if args.record:
-        weights = ROOT / DEFAULT_WEIGHTS
+    if args.record and "pretrained" in source:
+        directory = ROOT / source["pretrained"]
+        write_manifest(directory, {"figures": figures, "eval_command": command_line()})
+        print(f"recorded in {directory / 'manifest.json'}")
+    elif args.record:
+        weights = ROOT / source["model_weights_path"]
         entry = read_manifest(weights.parent / MANIFEST_NAME)["files"][weights.name]
         entry = {k: v for k, v in entry.items() if k not in ("sha256", "bytes")}
         entry["figures"] = figures

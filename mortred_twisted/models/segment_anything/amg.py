@@ -1,14 +1,19 @@
-"""The automatic mask generator around a :class:`PromptableSegmenter` (SAM's AMG).
+"""The automatic mask generator (SAM's AMG) around a transformers ``SamModel``.
 
-Algorithm (one crop: the whole picture), for one image:
+The model is reached through :class:`~.prompter.SamPrompter` (image embedding once,
+point prompts in batches through the prompt encoder and mask decoder) or, for our own
+segmenter, :class:`~.prompter.NetworkPrompter`; the algorithm is ours. One crop (the
+whole picture), for one image:
 
-1. letterbox the picture to the model's input size and run the image encoder **once**;
+1. preprocess the picture (a ``SamModel``'s image processor: longest side to the
+   model's input, padded; our segmenter: letterbox) and run the image encoder **once**;
 2. prompt with a ``points_per_side`` x ``points_per_side`` grid of points (cell
-   centres), ``points_per_batch`` at a time; each point yields ``num_masks`` masks;
+   centres), ``points_per_batch`` at a time; each point yields ``K`` (3) masks;
 3. keep masks whose predicted IoU is ``> pred_iou_thresh`` and whose stability score
    (:func:`stability_score`, offset ``stability_score_offset``) is
-   ``> stability_score_thresh`` - both at the model's resolution (the letterbox's
-   picture area), so the cost does not grow with the picture;
+   ``> stability_score_thresh`` - both on the decoder's low-resolution logits over the
+   picture's area (64 px for the shipped model, 256 px for SAM ViT-B/L/H), so the cost
+   does not grow with the picture;
 4. after every batch: ``progress(batches_done, batches_total)``, then
    ``check_cancelled()``;
 5. greedy box NMS over the masks' boxes at ``box_nms_thresh``, scored by predicted IoU;
@@ -32,8 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.detection.yolov8 import letterbox
-from mortred_twisted.models.segment_anything.network import PromptableSegmenter
+from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,11 @@ def remove_small_regions(mask: np.ndarray, area_thresh: int, mode: str) -> tuple
 
 
 class AutomaticMaskGenerator:
-    """Runs the AMG with one network; thread contract: one call at a time per instance."""
+    """Runs the AMG with one prompter; thread contract: one call at a time per instance
+    (the prompter's model is shared read-only)."""
 
-    def __init__(self, net: PromptableSegmenter, device: torch.device | None = None) -> None:
-        self.net = net
-        self.device = device or torch.device("cpu")
+    def __init__(self, prompter: SamPrompter | NetworkPrompter) -> None:
+        self.prompter = prompter
 
     def batches(self, config: AmgConfig) -> int:
         """Number of prompt batches one image takes (the progress total per image)."""
@@ -170,11 +174,8 @@ class AutomaticMaskGenerator:
         it may raise to stop the run).
         """
         h, w = rgb.shape[:2]
-        size = self.net.input_size
-        pic, scale = letterbox(rgb, size)
-        x = torch.from_numpy(pic).permute(2, 0, 1)[None].float().div(255).to(self.device)
-        features = self.net.embed(x)
-        valid_h, valid_w = max(1, round(h * scale)), max(1, round(w * scale))
+        embedded = self.prompter.embed(rgb)
+        valid_h, valid_w = embedded.valid_h, embedded.valid_w
         points = build_point_grid(config.points_per_side) * np.array([w, h])
         kept_logits: list[torch.Tensor] = []
         kept_iou: list[torch.Tensor] = []
@@ -182,13 +183,12 @@ class AutomaticMaskGenerator:
         kept_pts: list[torch.Tensor] = []
         for start in range(0, len(points), config.points_per_batch):
             pts = torch.from_numpy(points[start : start + config.points_per_batch]).float()
-            logits, iou = self.net.predict_points(features, (pts * scale).to(self.device))
-            logits, iou = logits.float().cpu(), iou.float().cpu()
+            logits, iou = self.prompter.predict_points(embedded, pts)
             k = logits.shape[1]
-            # Filters run at the model's resolution (the letterbox's picture area), so
-            # a large picture costs no more than a small one until the survivors are
-            # resized; IoU-based NMS is unchanged by the uniform scale.
-            logits = logits.flatten(0, 1)[:, :valid_h, :valid_w]
+            # Filters run on the low-resolution logits over the picture's area, so a
+            # large picture costs no more than a small one until the survivors are
+            # resized; IoU-based NMS is unchanged by the (near) uniform scale.
+            logits = logits.flatten(0, 1)
             iou = iou.flatten()
             pts_rep = pts.repeat_interleave(k, 0)
             stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)

@@ -1,4 +1,10 @@
-"""SAM_AMG: automatic mask generation served by our small SAM-shaped segmenter.
+"""SAM_AMG: automatic mask generation over a transformers ``SamModel``.
+
+The model is a transformers checkpoint directory (``pretrained`` in the model config,
+verified by :mod:`mortred_twisted.models.classification.pretrained`): the shipped small
+SAM trained here (``weights/perception/sam_amg``) or SAM ViT-B/L/H downloaded
+elsewhere. ``SamModel`` and ``SamImageProcessor`` are loaded from local files only; the
+automatic mask generator around them is ours (:mod:`.amg`).
 
 Input: PNG/JPEG images (RGB, any size). Output ``data`` for one image::
 
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mortred_twisted.models.base import (
     InferenceRequest,
@@ -35,6 +42,11 @@ from mortred_twisted.models.base import (
     Model,
     ModelLoadError,
     RunContext,
+)
+from mortred_twisted.models.classification.pretrained import (
+    load_processor,
+    quiet_transformers,
+    verified_directory,
 )
 from mortred_twisted.models.classification.weights import (
     load_state,
@@ -48,9 +60,11 @@ from mortred_twisted.models.params import ParamSpec
 from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.network import PromptableSegmenter
+from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
 
 MODEL_TYPE = "SAM_AMG"
-DEFAULT_WEIGHTS = "weights/perception/sam_shapes.pt"
+DEFAULT_PRETRAINED = "weights/perception/sam_amg"
+Prompter = SamPrompter | NetworkPrompter
 OUTPUT_MODES = ("uncompressed_rle", "binary_mask_png")
 
 
@@ -225,38 +239,76 @@ def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
     return config
 
 
-_SHARED: dict[tuple[str, str], PromptableSegmenter] = {}
+_SHARED: dict[tuple[str, str], Prompter] = {}
+
+
+def load(directory: Path, device: torch.device) -> SamPrompter:
+    """The ``SamModel`` (eval mode, on ``device``) and processor of a verified directory
+    as a :class:`SamPrompter`; workers of one process share it."""
+    key = (str(directory), str(device))
+    if key not in _SHARED:
+        from transformers import SamModel
+
+        quiet_transformers()
+        try:
+            model = SamModel.from_pretrained(str(directory), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"cannot load SamModel from {directory}: {exc}") from exc
+        _SHARED[key] = SamPrompter(model.eval().to(device), load_processor(directory), device)
+    return _SHARED[key]  # type: ignore[return-value]
 
 
 def build_network(arch: Mapping[str, Any]) -> PromptableSegmenter:
-    """The network described by a checkpoint's ``arch`` keywords."""
+    """Our own segmenter described by a checkpoint's ``arch`` keywords."""
     try:
         return PromptableSegmenter(**dict(arch))
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"bad SAM architecture in weights: {exc}") from exc
 
 
-def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
-    """Load verified weights; AMG defaults from ``options`` (see :class:`AmgConfig`).
-
-    Options: ``model_weights_path``, ``device``, ``points_per_side``,
-    ``points_per_batch``, ``pred_iou_thresh``, ``stability_score_thresh``,
-    ``stability_score_offset``, ``box_nms_thresh``, ``min_mask_region_area``.
-    """
-    weights = resolve_path(
-        root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
-    )
-    device = resolve_device(options.get("device", "cpu"))
-    config = amg_config_from_options(options)
+def load_network(weights: Path, device: torch.device) -> NetworkPrompter:
+    """Our own segmenter from a verified ``.pt`` checkpoint, shared by the workers."""
     key = (str(weights), str(device))
     if key not in _SHARED:
         checkpoint = load_verified_checkpoint(weights, MODEL_TYPE)
         net = build_network(checkpoint["arch"])
         load_state(net, checkpoint, weights)
-        _SHARED[key] = net.to(device)
-    return SamAmgModel(AutomaticMaskGenerator(_SHARED[key], device), config)
+        _SHARED[key] = NetworkPrompter(net.to(device), device)
+    return _SHARED[key]  # type: ignore[return-value]
 
 
-def load_for_eval(net: PromptableSegmenter, **overrides: Any) -> SamAmgModel:
-    """A model around an in-memory network (training and evaluation scripts)."""
-    return SamAmgModel(AutomaticMaskGenerator(net.eval()), replace(AmgConfig(), **overrides))
+def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
+    """Load the model; AMG defaults from ``options``.
+
+    The model is a transformers ``SamModel`` directory named by ``pretrained``
+    (verified against its manifest), or - with ``model_weights_path`` instead - our own
+    segmenter's verified ``.pt`` checkpoint. Other options: ``device``,
+    ``points_per_side``, ``points_per_batch``, ``pred_iou_thresh``,
+    ``stability_score_thresh``, ``stability_score_offset``, ``box_nms_thresh``,
+    ``min_mask_region_area`` (see :class:`AmgConfig`). Raises :class:`ModelLoadError`.
+    """
+    unknown = set(options) - _AMG_KEYS - {"pretrained", "model_weights_path", "device"}
+    if unknown:
+        raise ModelLoadError(
+            f"unknown model option(s) {sorted(unknown)}; known: pretrained, "
+            "model_weights_path, device, " + ", ".join(sorted(_AMG_KEYS))
+        )
+    if "pretrained" in options and "model_weights_path" in options:
+        raise ModelLoadError("give either pretrained (a SamModel) or model_weights_path, not both")
+    config = amg_config_from_options(options)
+    device = resolve_device(options.get("device", "cpu"))
+    prompter: Prompter
+    if "model_weights_path" in options:
+        weights = resolve_path(
+            root, option(options, "model_weights_path", "", str), "model_weights_path"
+        )
+        prompter = load_network(weights, device)
+    else:
+        directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
+        prompter = load(directory, device)
+    return SamAmgModel(AutomaticMaskGenerator(prompter), config)
+
+
+def load_for_eval(prompter: Prompter, **overrides: Any) -> SamAmgModel:
+    """A model around an already loaded prompter (training and evaluation scripts)."""
+    return SamAmgModel(AutomaticMaskGenerator(prompter), replace(AmgConfig(), **overrides))

@@ -1,6 +1,10 @@
 """Fixtures of the perception tests: tiny verified checkpoints with random weights
 (for behaviour that does not depend on training: batching, isolation, progress,
-cancellation, output formats) and picture bytes."""
+cancellation, output formats) and picture bytes.
+
+YOLOV8 (our own network) gets a tiny ``.pt`` checkpoint; the transformers families get
+a reduced stand-in of a public checkpoint (:mod:`tests.models.perception.checkpoints`),
+built once per test session."""
 
 from __future__ import annotations
 
@@ -24,17 +28,7 @@ torch.set_num_threads(1)
 DEMO = ROOT / "demo_data" / "perception"
 
 TINY_ARCHS: dict[str, dict[str, Any]] = {
-    "MOBILENETV2": {
-        "num_classes": 10,
-        "in_channels": 1,
-        "width_mult": 0.25,
-        "input_size": 16,
-        "stem_stride": 2,
-        "repeats_scale": 0.3,
-        "last_channel": 32,
-    },
     "YOLOV8": {"num_classes": 3, "widths": [8, 8, 16, 16], "depth": 1, "reg_max": 8},
-    "SAM_AMG": {"dim": 32, "num_masks": 3, "depth": 1, "heads": 2, "input_size": 64},
 }
 
 
@@ -47,25 +41,35 @@ def png_bytes(array: np.ndarray) -> bytes:
 
 @pytest.fixture()
 def tiny_weights(tmp_path: Path) -> Callable[[str], Path]:
-    """Factory: a tiny random checkpoint of a model type, listed in a temp manifest."""
+    """Factory: a tiny random checkpoint of YOLOV8, listed in a temp manifest."""
 
     def make(model_type: str) -> Path:
-        from mortred_twisted.models.classification import mobilenetv2
         from mortred_twisted.models.detection import yolov8
-        from mortred_twisted.models.segment_anything import sam_amg
 
-        builders = {
-            "MOBILENETV2": mobilenetv2.build_network,
-            "YOLOV8": yolov8.build_network,
-            "SAM_AMG": sam_amg.build_network,
-        }
         torch.manual_seed(0)
         arch = TINY_ARCHS[model_type]
-        net = builders[model_type](arch)
+        net = yolov8.build_network(arch)
         path = tmp_path / f"tiny_{model_type.lower()}.pt"
         torch.save({"arch": arch, "state_dict": net.state_dict()}, path)
         write_manifest_entry(path, {"model_type": model_type, "command": "tests"})
         return path
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Factory: the (session-cached) reduced stand-in checkpoint directory of a family
+    (``IMAGE_CLASSIFICATION``, ``OBJECT_DETECTION``, ``SAM_AMG``). Tests that alter a
+    directory copy it first."""
+    from tests.models.perception.checkpoints import build
+
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            made[family] = build(family, tmp_path_factory.mktemp(family.lower()))
+        return made[family]
 
     return make
 

@@ -1,10 +1,12 @@
 """Dynamic batching, per-item isolation, progress and cancellation, output formats
-(tiny random weights: these behaviours do not depend on training)."""
+(tiny random weights: these behaviours do not depend on training; the transformers
+families run on reduced stand-ins of public checkpoints)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,10 +22,11 @@ from mortred_twisted.models.base import (
     RunCancelled,
     RunContext,
 )
-from mortred_twisted.models.classification import mobilenetv2
-from mortred_twisted.models.detection import yolov8
+from mortred_twisted.models.classification import image_classification
+from mortred_twisted.models.detection import object_detection, yolov8
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.segment_anything.prompter import Embedded
 from tests.models.perception.conftest import ROOT, png_bytes
 
 RNG = np.random.default_rng(0)
@@ -36,15 +39,8 @@ def _req(*images: bytes, **params: object) -> InferenceRequest:
     return InferenceRequest(req_id="t", images=tuple(images), params=dict(params))
 
 
-def _mobilenet(tiny_weights: Callable[[str], Path]) -> mobilenetv2.MobileNetV2Model:
-    mobilenetv2._SHARED.clear()
-    return mobilenetv2.create(
-        {
-            "model_weights_path": str(tiny_weights("MOBILENETV2")),
-            "model_class_names_path": "conf/model/classification/digits_class_names.txt",
-        },
-        ROOT,
-    )
+def _classifier(stand_in: Callable[[str], Path]) -> image_classification.ImageClassificationModel:
+    return image_classification.create({"pretrained": str(stand_in("IMAGE_CLASSIFICATION"))}, ROOT)
 
 
 def _yolo(tiny_weights: Callable[[str], Path]) -> yolov8.YoloV8Model:
@@ -59,10 +55,10 @@ def _yolo(tiny_weights: Callable[[str], Path]) -> yolov8.YoloV8Model:
     )
 
 
-def test_mobilenet_batch_isolates_a_bad_image(tiny_weights: Callable[[str], Path]) -> None:
+def test_classifier_batch_isolates_a_bad_image(stand_in: Callable[[str], Path]) -> None:
     """In one batch, an undecodable image fails alone; its mates get the same scores
-    as when run one by one."""
-    model = _mobilenet(tiny_weights)
+    as when run one by one; categories come from the config's id2label."""
+    model = _classifier(stand_in)
     reqs = [_req(GOOD), _req(BAD), _req(GOOD2), _req()]
     out = model.run_batch(reqs, [RunContext() for _ in reqs])
     assert isinstance(out[1], InputDecodeError) and isinstance(out[3], InputDecodeError)
@@ -70,13 +66,14 @@ def test_mobilenet_batch_isolates_a_bad_image(tiny_weights: Callable[[str], Path
         single = model.run(reqs[i], RunContext())
         assert out[i]["class_id"] == single["class_id"]
         np.testing.assert_allclose(out[i]["scores"], single["scores"], atol=1e-5)
-        assert sum(out[i]["scores"]) == pytest.approx(1.0, abs=1e-4)
-        assert out[i]["category"] == str(out[i]["class_id"])
+        assert sum(out[i]["scores"]) == pytest.approx(1.0, abs=1e-3)
+        assert len(out[i]["scores"]) == 1001
+        assert out[i]["category"] == model.net.config.id2label[out[i]["class_id"]]
 
 
-def test_mobilenet_several_images_and_top_k(tiny_weights: Callable[[str], Path]) -> None:
+def test_classifier_several_images_and_top_k(stand_in: Callable[[str], Path]) -> None:
     """Two images give two results; top_k lists classes by decreasing score."""
-    model = _mobilenet(tiny_weights)
+    model = _classifier(stand_in)
     req = model.validate(_req(GOOD, GOOD2, top_k=3))
     data = model.run(req, RunContext())
     assert len(data["results"]) == 2
@@ -110,14 +107,39 @@ def test_yolo_letterbox_maps_back() -> None:
     assert pic.shape == (64, 64, 3) and (pic[32:] == yolov8.PAD_VALUE).all()
 
 
-def _sam(tiny_weights: Callable[[str], Path], **opts: object) -> sam_amg.SamAmgModel:
-    sam_amg._SHARED.clear()
-    return sam_amg.create({"model_weights_path": str(tiny_weights("SAM_AMG")), **opts}, ROOT)
+def test_detector_batch_isolation_and_boxes_inside_picture(
+    stand_in: Callable[[str], Path],
+) -> None:
+    """OBJECT_DETECTION: a bad image fails alone; boxes of a 56x40 picture lie inside
+    it, sorted by score, at most top-k; labels from id2label; batching gives the
+    one-by-one answer."""
+    model = object_detection.create(
+        {"pretrained": str(stand_in("OBJECT_DETECTION")), "model_score_threshold": 0.0}, ROOT
+    )
+    reqs = [model.validate(_req(GOOD, model_keep_top_k=7)), _req(BAD), _req(GOOD2)]
+    out = model.run_batch(reqs, [RunContext() for _ in reqs])
+    assert isinstance(out[1], InputDecodeError)
+    dets = out[0]
+    assert 0 < len(dets) <= 7
+    for det in dets:
+        x1, y1, x2, y2 = det["bbox"]
+        assert 0 <= x1 <= x2 <= 56 and 0 <= y1 <= y2 <= 40
+        assert det["category"] == f"coco_{det['class_id']}"
+    assert [d["score"] for d in dets] == sorted((d["score"] for d in dets), reverse=True)
+    single = model.run(reqs[2], RunContext())
+    assert [d["class_id"] for d in single] == [d["class_id"] for d in out[2]]
+    np.testing.assert_allclose([d["bbox"] for d in single], [d["bbox"] for d in out[2]], atol=0.02)
+    with pytest.raises(InvalidRequest):
+        model.validate(_req(GOOD, model_nms_threshold=1.5))
 
 
-def test_sam_progress_counts_prompt_batches(tiny_weights: Callable[[str], Path]) -> None:
+def _sam(stand_in: Callable[[str], Path], **opts: object) -> sam_amg.SamAmgModel:
+    return sam_amg.create({"pretrained": str(stand_in("SAM_AMG")), **opts}, ROOT)
+
+
+def test_sam_progress_counts_prompt_batches(stand_in: Callable[[str], Path]) -> None:
     """A 4x4 grid in batches of 5 reports 0..4 of 4 batches, for each of two images."""
-    model = _sam(tiny_weights, points_per_side=4, points_per_batch=5)
+    model = _sam(stand_in, points_per_side=4, points_per_batch=5)
     seen: list[tuple[int, int]] = []
     ctx = RunContext(on_progress=lambda s, t: seen.append((s, t)))
     data = model.run(model.validate(_req(GOOD, GOOD2)), ctx)
@@ -125,9 +147,9 @@ def test_sam_progress_counts_prompt_batches(tiny_weights: Callable[[str], Path])
     assert len(data["results"]) == 2
 
 
-def test_sam_cancellation_stops_between_batches(tiny_weights: Callable[[str], Path]) -> None:
+def test_sam_cancellation_stops_between_batches(stand_in: Callable[[str], Path]) -> None:
     """Cancelling after the second batch raises RunCancelled before a third starts."""
-    model = _sam(tiny_weights, points_per_side=4, points_per_batch=4)
+    model = _sam(stand_in, points_per_side=4, points_per_batch=4)
     seen: list[int] = []
     ctx = RunContext()
 
@@ -142,37 +164,60 @@ def test_sam_cancellation_stops_between_batches(tiny_weights: Callable[[str], Pa
     assert seen == [0, 1, 2]
 
 
-class DiscSegmenter:
-    """A scripted stand-in for the network: two objects (discs); a point inside a disc
-    gets that disc as its first mask (IoU 0.95) and two weak masks (IoU 0.5); a point
-    outside gets empty masks (IoU 0.1)."""
+def test_sam_random_stand_in_gives_well_formed_masks(stand_in: Callable[[str], Path]) -> None:
+    """With every filter open, the random SAM stand-in yields masks of the picture's size
+    whose records are consistent (area = pixels, bbox inside, one prompt point)."""
+    model = _sam(
+        stand_in,
+        points_per_side=3,
+        pred_iou_thresh=0.0,
+        stability_score_thresh=0.0,
+        stability_score_offset=0.0,
+        box_nms_thresh=1.0,
+    )
+    data = model.run(model.validate(_req(GOOD)), RunContext())
+    assert (data["width"], data["height"]) == (56, 40) and data["masks"]
+    for record in data["masks"]:
+        mask = sam_amg.rle_to_mask(record["segmentation"])
+        assert mask.shape == (40, 56) and record["area"] == int(mask.sum()) > 0
+        x, y, w, h = record["bbox"]
+        assert min(x, y) >= 0 and x + w <= 56 and y + h <= 40
+        assert len(record["point_coords"]) == 1
 
-    input_size = 64
+
+class DiscPrompter:
+    """A scripted stand-in for the SAM prompter: two objects (discs) in a 64 px model
+    frame; a point inside a disc gets that disc as its first mask (IoU 0.95) and two
+    weak masks (IoU 0.5); a point outside gets empty masks (IoU 0.1). Pictures map to
+    the model frame as the SAM processor maps them (longest side to 64, pad)."""
+
     discs = ((20.0, 20.0, 8.0), (44.0, 40.0, 12.0))
 
     def __init__(self) -> None:
         ys, xs = torch.meshgrid(torch.arange(64.0) + 0.5, torch.arange(64.0) + 0.5, indexing="ij")
         self.masks = [((xs - x) ** 2 + (ys - y) ** 2 <= r * r) for x, y, r in self.discs]
 
-    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (x,)
+    def embed(self, rgb: np.ndarray) -> Embedded:
+        h, w = rgb.shape[:2]
+        scale = 64 / max(h, w)
+        return Embedded(torch.zeros(1), scale, scale, math.ceil(h * scale), math.ceil(w * scale))
 
     def predict_points(
-        self, features: object, points: torch.Tensor
+        self, embedded: Embedded, points: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = torch.full((len(points), 3, 64, 64), -5.0)
         iou = torch.full((len(points), 3), 0.1)
-        for i, (px, py) in enumerate(points.tolist()):
+        for i, (px, py) in enumerate((points * embedded.scale_x).tolist()):
             for mask, (x, y, r) in zip(self.masks, self.discs, strict=True):
                 if (px - x) ** 2 + (py - y) ** 2 <= r * r:
                     logits[i, 0][mask] = 5.0
                     logits[i, 1, :2, :2] = 5.0
                     iou[i] = torch.tensor([0.95, 0.5, 0.5])
-        return logits, iou
+        return logits[:, :, : embedded.valid_h, : embedded.valid_w], iou
 
 
 def _disc_model(**config: object) -> sam_amg.SamAmgModel:
-    generator = AutomaticMaskGenerator(DiscSegmenter())  # type: ignore[arg-type]
+    generator = AutomaticMaskGenerator(DiscPrompter())  # type: ignore[arg-type]
     return sam_amg.SamAmgModel(generator, AmgConfig(**config))  # type: ignore[arg-type]
 
 
@@ -184,7 +229,7 @@ def test_amg_filters_and_deduplicates_to_one_mask_per_object() -> None:
     assert (data["width"], data["height"]) == (64, 64)
     masks = [sam_amg.rle_to_mask(m["segmentation"]) for m in data["masks"]]
     assert len(masks) == 2
-    expected = sorted(DiscSegmenter().masks, key=lambda m: -int(m.sum()))
+    expected = sorted(DiscPrompter().masks, key=lambda m: -int(m.sum()))
     got = sorted(masks, key=lambda m: -int(m.sum()))
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e.numpy())

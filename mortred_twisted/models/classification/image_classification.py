@@ -1,0 +1,198 @@
+"""IMAGE_CLASSIFICATION: any transformers image classifier (MobileNetV2, ViT, ResNet, …).
+
+The model is a transformers checkpoint directory (``pretrained`` in the model config,
+verified by :mod:`mortred_twisted.models.classification.pretrained`), loaded with
+``AutoModelForImageClassification`` and ``AutoImageProcessor`` from local files only.
+``MOBILENETV2`` is the catalog id of the shipped digit classifier and is accepted as a
+model type too (same factory).
+
+Input: each request carries one or more images (PNG/JPEG, any size, colour or grey),
+decoded to RGB and preprocessed by the checkpoint's own image processor (its
+``preprocessor_config.json``: resize, crop, rescale, normalise). Output ``data`` for a
+request with one image is ``{"class_id": int, "category": str, "scores": [float, ...]}``
+(softmax probabilities in class order, ``category`` from the config's ``id2label``);
+with several images it is ``{"results": [that object, ...]}`` in image order. The
+``top_k`` param adds ``"top_k": [{"class_id", "category", "score"}, ...]``.
+
+Dynamic batching: :meth:`ImageClassificationModel.run_batch` decodes every request's
+images, runs *one* forward pass over all the good ones and returns, per request, its
+result or the exception that request alone raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InputDecodeError,
+    Model,
+    ModelLoadError,
+    RunContext,
+)
+from mortred_twisted.models.classification.pretrained import (
+    load_processor,
+    quiet_transformers,
+    verified_directory,
+)
+from mortred_twisted.models.classification.weights import resolve_device
+from mortred_twisted.models.codec import decode_image
+from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.schemas import CLASSIFICATION_OUTPUT
+
+MODEL_TYPE = "IMAGE_CLASSIFICATION"
+DEFAULT_PRETRAINED = "weights/perception/mobilenetv2"
+
+
+def class_names(config: Any) -> list[str]:
+    """``id2label`` of a transformers config as a list indexed by class id.
+
+    Raises :class:`ModelLoadError` when ids are not exactly ``0 … num_labels - 1``.
+    """
+    id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+    if sorted(id2label) != list(range(len(id2label))) or not id2label:
+        raise ModelLoadError(f"config id2label is not 0..N-1: {sorted(id2label)[:10]}")
+    return [id2label[i] for i in range(len(id2label))]
+
+
+class ImageClassificationModel(Model):
+    """One worker's classifier instance (the network and processor are shared, read-only)."""
+
+    output_schema = CLASSIFICATION_OUTPUT
+
+    params_schema: Sequence[ParamSpec] = (
+        ParamSpec(
+            "top_k",
+            int,
+            default=None,
+            minimum=1,
+            maximum=1000,
+            description="if set, also return the top_k classes as 'top_k'",
+        ),
+    )
+
+    def __init__(
+        self, net: torch.nn.Module, processor: Any, names: Sequence[str], device: torch.device
+    ) -> None:
+        self.net = net
+        self.processor = processor
+        self.class_names = list(names)
+        self.device = device
+
+    def pixel_values(self, pictures: Sequence[Image.Image]) -> torch.Tensor:
+        """The processor's ``pixel_values`` ``(N, C, H, W)`` for RGB pictures."""
+        return self.processor(images=list(pictures), return_tensors="pt")["pixel_values"]
+
+    def _tensor(self, request: InferenceRequest) -> torch.Tensor:
+        if not request.images:
+            raise InputDecodeError("no image in request")
+        return self.pixel_values([Image.fromarray(decode_image(img)) for img in request.images])
+
+    @torch.inference_mode()
+    def probabilities(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """Softmax scores ``(N, C)`` of preprocessed pictures."""
+        logits = self.net(pixel_values=pixel_values.to(self.device)).logits
+        return torch.softmax(logits.float(), dim=1).cpu().numpy()
+
+    def _format(self, scores: np.ndarray, params: Mapping[str, Any]) -> dict[str, Any]:
+        class_id = int(np.argmax(scores))
+        out: dict[str, Any] = {
+            "class_id": class_id,
+            "category": self.class_names[class_id],
+            "scores": [round(float(s), 6) for s in scores],
+        }
+        top_k = params.get("top_k")
+        if top_k:
+            order = np.argsort(-scores, kind="stable")[:top_k]
+            out["top_k"] = [
+                {"class_id": int(i), "category": self.class_names[i], "score": float(scores[i])}
+                for i in order
+            ]
+        return out
+
+    def _data(self, request: InferenceRequest, scores: np.ndarray) -> dict[str, Any]:
+        items = [self._format(s, request.params) for s in scores]
+        return items[0] if len(items) == 1 else {"results": items}
+
+    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        """Classify the request's images (one forward pass)."""
+        ctx.check_cancelled()
+        scores = self.probabilities(self._tensor(request))
+        ctx.progress(1, 1)
+        return self._data(request, scores)
+
+    def run_batch(
+        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        """Decode each request alone, classify all good pictures in one forward pass."""
+        prepared: list[torch.Tensor | BaseException] = []
+        for request in requests:
+            try:
+                prepared.append(self._tensor(request))
+            except Exception as exc:
+                prepared.append(exc)
+        good = [p for p in prepared if isinstance(p, torch.Tensor)]
+        if not good:
+            return list(prepared)  # type: ignore[arg-type]
+        try:
+            scores = self.probabilities(torch.cat(good))
+        except Exception as exc:
+            return [exc if isinstance(p, torch.Tensor) else p for p in prepared]
+        out: list[Any | BaseException] = []
+        offset = 0
+        for request, ctx, item in zip(requests, ctxs, prepared, strict=True):
+            if isinstance(item, BaseException):
+                out.append(item)
+                continue
+            n = item.shape[0]
+            out.append(self._data(request, scores[offset : offset + n]))
+            offset += n
+            ctx.progress(1, 1)
+        return out
+
+
+_SHARED: dict[tuple[str, str], tuple[torch.nn.Module, Any, list[str]]] = {}
+
+
+def load(directory: Path, device: torch.device) -> tuple[torch.nn.Module, Any, list[str]]:
+    """Network (eval mode, on ``device``), processor and class names of a directory.
+
+    The directory must already be verified. Workers of one process share the result.
+    """
+    key = (str(directory), str(device))
+    if key not in _SHARED:
+        from transformers import AutoModelForImageClassification
+
+        quiet_transformers()
+        try:
+            net = AutoModelForImageClassification.from_pretrained(
+                str(directory), local_files_only=True
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"cannot load image classifier from {directory}: {exc}") from exc
+        names = class_names(net.config)
+        _SHARED[key] = (net.eval().to(device), load_processor(directory), names)
+    return _SHARED[key]
+
+
+def create(options: Mapping[str, Any], root: Path) -> ImageClassificationModel:
+    """Build a classifier from the verified ``pretrained`` directory; see the module doc.
+
+    Options: ``pretrained`` (directory, relative to ``root``; default the shipped digit
+    classifier), ``device`` (``cpu`` or ``cuda[:N]``). Raises :class:`ModelLoadError`.
+    """
+    unknown = set(options) - {"pretrained", "device"}
+    if unknown:
+        raise ModelLoadError(
+            f"unknown model option(s) {sorted(unknown)}; known: pretrained, device"
+        )
+    directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
+    device = resolve_device(options.get("device", "cpu"))
+    net, processor, names = load(directory, device)
+    return ImageClassificationModel(net, processor, names, device)
