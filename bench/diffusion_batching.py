@@ -14,8 +14,9 @@ torch thread, ``worker_nums = 1``) from the catalog config, differing only in:
 * **batched**: ``max_running_jobs = --capacity``, ``channels_last`` as shipped —
   running jobs share one denoiser call per step.
 
-For each number of concurrent clients, each mode in turn (so both see the same
-machine), every client loops for ``--seconds``: ``POST /jobs`` (``--scheduler`` at
+For each number of concurrent clients, the modes take turns in ``--slices`` slices
+(A B A B …, so both see the same machine), every client looping for ``--seconds`` in
+all per mode: ``POST /jobs`` (``--scheduler`` at
 ``--steps``, one image, a fresh seed) → ``GET /jobs/{id}/wait`` → ``GET
 /jobs/{id}/result``; a job's latency is from the submit's send to the result's
 arrival. Reported: jobs/s, p50 and p99 latency (ms), and the ratios batched / one at
@@ -145,8 +146,18 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for srv in servers.values():  # warm-up: allocator, kernels, first-call paths
                 asyncio.run(load(srv.port, 2, 1.0, params))
             for clients in levels:
-                for mode, srv in servers.items():
-                    stats = asyncio.run(load(srv.port, clients, args.seconds, params))
+                # Modes alternate in slices (A B A B ...), so a change of the machine's
+                # load during the level hits both alike.
+                merged = {mode: Stats() for mode in servers}
+                for _ in range(args.slices):
+                    for mode, srv in servers.items():
+                        part = asyncio.run(
+                            load(srv.port, clients, args.seconds / args.slices, params)
+                        )
+                        merged[mode].latencies_ms += part.latencies_ms
+                        merged[mode].errors += part.errors
+                        merged[mode].elapsed_s += part.elapsed_s
+                for mode, stats in merged.items():
                     row = {
                         "model": model, "clients": clients, "mode": mode,
                         "jobs_per_s": round(stats.rate, 2), "p50_ms": round(stats.pct(50), 1),
@@ -236,6 +247,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--capacity", type=int, default=8)
     parser.add_argument("--max-batch-images", type=int, default=32)
+    parser.add_argument("--slices", type=int, default=4, help="A/B alternations per level")
     parser.add_argument("--scheduler", default="dpmsolver++")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tolerance", action="store_true")
