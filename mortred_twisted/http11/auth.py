@@ -76,11 +76,26 @@ def host_header_name(host: str | bytes | None) -> str | None:
     return name.lower()
 
 
+#: ``Host`` value -> whether it names loopback: a connection sends the same value on
+#: every request, and parsing it costs a few µs (bounded: cleared when full).
+_LOOPBACK_HOSTS: dict[str | bytes, bool] = {}
+_LOOPBACK_HOSTS_MAX = 256
+
+
 def is_loopback_host_header(host: str | bytes | None) -> bool:
     """True when a ``Host`` header names this machine's loopback: ``localhost``, an
     address of 127.0.0.0/8 or ``[::1]``, with any port (case-insensitive)."""
+    if host is None:
+        return False
+    known = _LOOPBACK_HOSTS.get(host)
+    if known is not None:
+        return known
     name = host_header_name(host)
-    return name is not None and is_loopback_host(name)
+    verdict = name is not None and is_loopback_host(name)
+    if len(_LOOPBACK_HOSTS) >= _LOOPBACK_HOSTS_MAX:
+        _LOOPBACK_HOSTS.clear()  # a client cycling names cannot grow it
+    _LOOPBACK_HOSTS[host] = verdict
+    return verdict
 
 
 def host_refusal(host: str | bytes | None, *, token_configured: bool) -> str | None:
