@@ -39,6 +39,7 @@ from twisted.python.failure import Failure
 
 from mortred_twisted.http.answers import EarlyResponse, refusal_bytes
 from mortred_twisted.http.route_request import RouteRequest, route_with_klein
+from mortred_twisted.http11.auth import is_loopback_host_header
 from mortred_twisted.http11.messages import HeaderMap, Refusal, ServerRequest
 from mortred_twisted.http11.server import HTTPServerFactory
 
@@ -104,20 +105,23 @@ class ModelPortApp:
             raise
         if not isinstance(outcome, Deferred):
             self._finished(request)
-            request.finished(outcome)
+            if request.finish_waiters:
+                request.finished(outcome)
             return outcome
 
         def done(result: Any) -> Any:
             if isinstance(result, Failure) and not result.check(CancelledError):
                 request.code = 500  # what the server answers (or the stream was cut)
             self._finished(request)
-            request.finished(result)
+            if request.finish_waiters:
+                request.finished(result)
             return result
 
         return outcome.addBoth(done)
 
     def _route(self, request: ModelPortRequest) -> bytes | Deferred[bytes]:
-        if self._open:  # no token: loopback Host names only (DNS rebinding)
+        if self._open and not is_loopback_host_header(request.getHeader(b"host")):
+            # No token: loopback Host names only (DNS rebinding).
             refused = self._app.checks.host_refused(request.getHeader(b"host"))
             if refused is not None:
                 return self._app.responder.job_error(request, refused)

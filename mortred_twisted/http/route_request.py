@@ -41,7 +41,8 @@ class RouteRequest:
         self.content = proxy.content if proxy.content is not None else io.BytesIO(b"")
         self.code = 200
         self._args: dict[bytes, list[bytes]] | None = None
-        self._finish_waiters: list[Deferred[None]] | None = None
+        #: Deferreds of :meth:`notifyFinish` (None until one is asked for)
+        self.finish_waiters: list[Deferred[None]] | None = None
 
     @property
     def args(self) -> dict[bytes, list[bytes]]:
@@ -82,14 +83,14 @@ class RouteRequest:
     def notifyFinish(self) -> Deferred[None]:
         """Fires when the answer is complete; fails if the client went away first."""
         d: Deferred[None] = Deferred()
-        if self._finish_waiters is None:
-            self._finish_waiters = []
-        self._finish_waiters.append(d)
+        if self.finish_waiters is None:
+            self.finish_waiters = []
+        self.finish_waiters.append(d)
         return d
 
     def finished(self, outcome: Any) -> None:
         """Called once the route's answer settled (``outcome``: bytes or a Failure)."""
-        waiters, self._finish_waiters = self._finish_waiters or [], None
+        waiters, self.finish_waiters = self.finish_waiters or [], None
         gone = isinstance(outcome, Failure) and outcome.check(CancelledError)
         for d in waiters:
             if gone:

@@ -454,7 +454,8 @@ class HTTPConnection(Protocol):
 
     def _answer(self, body: bytes, request: ServerRequest) -> None:
         self._pending = None
-        self._release(request)
+        if request.held:
+            self._release(request)
         if self._closed:
             return
         close = not request.keep_alive or self._draining

@@ -1,0 +1,100 @@
+"""CPU per request of a model port, in process: ``GET /jobs/{id}`` polls (a done job)
+and ``POST /jobs`` submits through the real HTTP server on a ``StringTransport`` (no
+sockets, no peer, no scheduler noise: ``time.process_time`` of this process only).
+
+    .venv/bin/python bench/port_cpu.py            # this checkout
+    (cd /tmp/base && /work/main/.venv/bin/python bench/port_cpu.py)   # a worktree
+
+Run it in a ``git worktree`` of another commit with the same interpreter for an A/B
+that a loaded VM cannot blur (the socket benches' yardsticks moved 2x within minutes
+on 2026-12-02). Prints µs of CPU per request; submits pile up pending (no worker
+runs them), so the second submit batch measures a backlog of 5,000 jobs.
+"""
+
+import base64
+import gc
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())  # the checkout it runs from
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+import mortred_twisted.http.model_port as mp
+from mortred_twisted.config.server import build_server_config
+from mortred_twisted.http.envelope import new_request_id
+from mortred_twisted.http.model_server import ModelServerApp
+from mortred_twisted.metrics.server import ServerMetrics
+from mortred_twisted.models.fake import create as create_fake
+from mortred_twisted.runtime.model_runtime import ModelRuntime
+from tests.fakes.threads import HandThreads
+
+doc = {
+    "server": {
+        "id": "T",
+        "server_uri": "/infer",
+        "worker_nums": 1,
+        "async_enabled": True,
+        "async_max_queue": 1000000,
+        "async_max_completed": 1000000,
+    },
+    "model": {"type": "fake", "fake_delay_ms": 0, "fake_steps": 1},
+}
+config = build_server_config(doc, env={})
+clock, threads = Clock(), HandThreads()
+rt = ModelRuntime(
+    config,
+    clock=clock,
+    threads=threads,
+    metrics=ServerMetrics(),
+    build_model=lambda _t, o, r: create_fake(o, r),
+)
+rt.load_models()
+threads.step()
+app = ModelServerApp(rt)
+if hasattr(mp.ModelPortFactory, "for_app"):
+    factory = mp.ModelPortFactory.for_app(app, clock, on_finished=app.record_request)
+else:
+    factory = mp.ModelPortFactory(
+        mp.ModelPortApp(app, on_finished=app.record_request),
+        clock=clock,
+        body_limit=config.request_size_limit_bytes,
+        early_reject=app.early_reject,
+        request_id=new_request_id,
+    )
+proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+t = StringTransport()
+proto.makeConnection(t)
+body = json.dumps({"images": [base64.b64encode(b"x").decode()]}).encode()
+submit = (
+    b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:18100\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n" % len(body)
+) + body
+proto.dataReceived(submit)
+job = json.loads(t.value().partition(b"\r\n\r\n")[2])["job_id"]
+for _ in range(5):
+    clock.advance(0)
+    threads.step() if threads.pending else None
+t.clear()
+poll = b"GET /jobs/%s HTTP/1.1\r\nHost: 127.0.0.1:18100\r\n\r\n" % job.encode()
+
+
+def run(raw, n):
+    start = time.process_time()
+    for _ in range(n):
+        proto.dataReceived(raw)
+        t.clear()
+    return (time.process_time() - start) / n * 1e6
+
+
+gc.freeze()
+for name, raw, n in [
+    ("poll", poll, 20000),
+    ("poll", poll, 20000),
+    ("submit", submit, 5000),
+    ("submit", submit, 5000),
+]:
+    print(f"{name}: {run(raw, n):.1f} us/request")
