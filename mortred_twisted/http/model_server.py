@@ -164,6 +164,8 @@ class ModelServerApp:
             )
             return self.responder.envelope_error(request, full, req_id)
         except Exception as exc:
+            # The envelope's req_id once it parsed (a validation error names it too).
+            req_id = self.responder.request_id(request)
             return self.responder.envelope_error(request, to_api_error(exc), req_id)
 
         def ok(result: Any) -> bytes:

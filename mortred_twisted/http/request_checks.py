@@ -206,6 +206,8 @@ class RequestChecks:
         (job-only envelope fields go into ``job_fields`` when given)."""
         req_id = self.responder.request_id(request)
         parsed = parse_envelope(request.content.read(), req_id, job_fields)
+        # From here every answer names the envelope's req_id (a validation error too).
+        request.mortred_request_id = parsed.req_id  # type: ignore[attr-defined]
         rt = self.runtime
         if not rt.ready or rt.validator is None:
             raise self.not_ready()
