@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 from mortred_twisted.jobs.webhooks import normalise_allowed_hosts, secret_key
-from mortred_twisted.models.input_limits import input_limit_problems
+from mortred_twisted.models.input_limits import input_limit_problems, takes_input_limits
 
 
 @dataclass(frozen=True)
@@ -402,7 +402,8 @@ def build_server_config(
             except tomllib.TOMLDecodeError as exc:
                 problems.append(f"model.config: {path}: invalid TOML: {exc}")
     options.update(model)
-    problems.extend(input_limit_problems(options))  # max_images, max_pixels
+    if takes_input_limits(model_type):  # max_images, max_pixels (not a generator's own)
+        problems.extend(input_limit_problems(options))
 
     if problems:
         raise ConfigErrors(source, problems)

@@ -84,6 +84,17 @@ def input_limit_problems(options: Mapping[str, Any], where: str = "model") -> li
     return problems
 
 
+#: Model types that take no input images (generative): their ``max_images`` option is
+#: their own (the bound on ``params.num_images``), never an input limit.
+GENERATIVE_TYPES = frozenset({"DDPM", "DDIM", "CLS_COND_DDIM", "LDM"})
+
+
+def takes_input_limits(model_type: str) -> bool:
+    """Whether ``max_images``/``max_pixels`` in a ``model_type`` model's options are the
+    input limits of this module (False for the generative types)."""
+    return model_type not in GENERATIVE_TYPES
+
+
 def split_input_limits(
     model_type: str, options: Mapping[str, Any]
 ) -> tuple[InputLimits, dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.models.base import Model, ModelLoadError
-from mortred_twisted.models.input_limits import split_input_limits
+from mortred_twisted.models.input_limits import split_input_limits, takes_input_limits
 
 MODEL_FACTORIES: Mapping[str, str] = {
     "fake": "mortred_twisted.models.fake:create",
@@ -57,6 +57,8 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     except ImportError as exc:
         raise ModelLoadError(f"cannot import model family {module_name}: {exc}") from exc
     factory = getattr(module, attr)
+    if not takes_input_limits(model_type):  # its max_images is its own option
+        return factory(options, root)
     try:
         limits, options = split_input_limits(model_type, options)
     except ValueError as exc:
