@@ -292,5 +292,3 @@ def test_a_stream_whose_head_never_comes_is_504() -> None:
     answer = client.answer()
     assert answer is not None and answer[0].code == 504
     assert h.app.metrics.hot.inflight == 0
-
-

@@ -130,9 +130,10 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ta
 
     sup_toml = f"read_timeout_s = {READ_DEADLINE_S}"
     sup_tmp = tmp_path_factory.mktemp("security-supervisor")
-    with model_server(conf, env=env) as srv, control_plane(
-        sup_tmp, [], supervisor_toml=sup_toml
-    ) as plane:
+    with (
+        model_server(conf, env=env) as srv,
+        control_plane(sup_tmp, [], supervisor_toml=sup_toml) as plane,
+    ):
         gateway = GatewayProcess(tmp_path_factory.mktemp("security"), srv.port)
         try:
             gateway.wait_listening()
