@@ -457,19 +457,14 @@ class JobRoutes:
         if err is not None:
             return self.responder.job_error(request, err)
         rid = self.responder.request_id_header(request)
-        store = self.runtime.store
-
-        def take(visible: bool) -> Any:
-            if not visible:
-                return self.responder.lookup_error(request, job_id)
-            lookup = store.take_result(job_id)
-            return then(lookup, lambda found: self._result_answer(request, job_id, found))
-
-        return self.responder.store_errors(request, then(self.owns(request, job_id), take), rid)
+        lookup = self.runtime.store.take_result(job_id)  # names its owner: one read
+        answer = then(lookup, lambda found: self._result_answer(request, job_id, found))
+        return self.responder.store_errors(request, answer, rid)
 
     def _result_answer(self, request: IRequest, job_id: str, lookup: ResultLookup) -> bytes:
-        if not lookup.found:
-            return self.responder.lookup_error(request, job_id)
+        owner, sees_all = self.principal(request)
+        if not lookup.found or not (sees_all or lookup.owner == owner):
+            return self.responder.lookup_error(request, job_id)  # unknown, or not its job
         if not lookup.done:
             assert lookup.state is not None
             conflict = ApiError(

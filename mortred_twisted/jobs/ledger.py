@@ -459,8 +459,13 @@ class AsyncJobTable(Generic[RequestT]):
                 return ResultLookup(found=False)
             self._touch_locked(job)
             if job.state is not JobState.DONE:
-                return ResultLookup(found=True, state=job.state, task_id=job.task_id)
-            return ResultLookup(found=True, state=job.state, result=job.result, task_id=job.task_id)
+                return ResultLookup(
+                    found=True, state=job.state, task_id=job.task_id, owner=job.owner
+                )
+            return ResultLookup(
+                found=True, state=job.state, result=job.result, task_id=job.task_id,
+                owner=job.owner,
+            )  # fmt: skip
 
     def wait(self, job_id: str, timeout: float | None) -> JobSnapshot | None:
         """Block the calling thread until the job is terminal or ``timeout`` seconds

@@ -62,6 +62,16 @@ class Pending(Protocol[T_co]):
 Maybe = T | Pending[T]
 
 
+class WakeCounters(Protocol):
+    """What a shared store needs of the process's named counters (the runtime's
+    :class:`~mortred_twisted.runtime.counters.NamedCounters`): wake the waiters of a
+    job whose event arrived from another process, and list who waits."""
+
+    def count_by_name(self, name: str, n: int | None = 1) -> int: ...
+
+    def names(self) -> list[str]: ...
+
+
 class StoreUnavailable(Exception):
     """The job store cannot be reached (Redis down): the HTTP edge answers 503."""
 

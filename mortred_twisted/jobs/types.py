@@ -47,6 +47,7 @@ class ResultLookup:
     state: JobState | None = None
     result: Any = None
     task_id: str = ""
+    owner: str = ""  # the caller that submitted it (per-caller isolation)
 
     @property
     def done(self) -> bool:

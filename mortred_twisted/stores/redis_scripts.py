@@ -208,10 +208,12 @@ def decode_result(reply: list[object] | None) -> ResultLookup:
     """The :class:`ResultLookup` of a ``RESULT`` reply."""
     if not reply:
         return ResultLookup(found=False)
-    state, task, result = reply
+    state, task, result = reply[:3]
+    owner = reply_text(reply[3]) if len(reply) > 3 else None  # type: ignore[arg-type]
     return ResultLookup(
         found=True,
         state=JobState(reply_text(state)),  # type: ignore[arg-type]
         result=result,
         task_id=reply_text(task) or "",  # type: ignore[arg-type]
+        owner=owner or "",
     )

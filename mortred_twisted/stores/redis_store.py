@@ -62,7 +62,7 @@ from mortred_twisted.jobs.fair_queue import (
 )
 from mortred_twisted.jobs.ledger import new_job_id, parse_cursor
 from mortred_twisted.jobs.states import TERMINAL_STATES, CancelOutcome, JobState
-from mortred_twisted.jobs.store import Claim, StoreUnavailable
+from mortred_twisted.jobs.store import Claim, StoreUnavailable, WakeCounters
 from mortred_twisted.jobs.types import (
     Admission,
     CallerLine,
@@ -71,7 +71,6 @@ from mortred_twisted.jobs.types import (
     QueueView,
     ResultLookup,
 )
-from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.stores.redis_link import RedisLink
 from mortred_twisted.stores.redis_progress import ProgressWriter
 from mortred_twisted.stores.redis_scripts import (
@@ -125,7 +124,7 @@ class RedisJobStore:
         reactor: Any,
         link_factory: Callable[..., RedisLink],
         model_id: str,
-        counters: NamedCounters,
+        counters: WakeCounters,
         max_queue: int,
         job_ttl_ms: int,
         max_completed: int,
