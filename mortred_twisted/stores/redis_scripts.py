@@ -20,6 +20,10 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
     mortred:{<id>}:pending       ZSET   pending job -> admission ms (overdue budget)
     mortred:{<id>}:leases        ZSET   running job -> lease deadline ms
     mortred:{<id>}:done          ZSET   terminal job -> last use (LRU; a use counter)
+    mortred:{<id>}:done:<caller> ZSET   the same, for one caller's terminal jobs
+    mortred:{<id>}:holders       ZSET   caller -> terminal jobs it holds (retention)
+    mortred:{<id>}:done_owner    HASH   terminal job -> its caller (found again by
+                                        the TTL sweep once the job's hash expired)
     mortred:{<id>}:uses          STRING the use counter (INCR per terminal/use)
     mortred:{<id>}:sweep         HASH   where MAINTAIN's retention sweep resumes
     mortred:{<id>}:index         ZSET   every job -> admission sequence (listings)
@@ -42,9 +46,14 @@ retention and publishes), upkeep (``MAINTAIN``: renew this replica's leases,
 re-queue the jobs of replicas whose lease expired — or fail them after
 ``max_attempts`` — time out pending jobs past their budget, forget expired
 retention entries) and ``HAND_BACK``. Times come from Redis ``TIME``, so the
-replicas' clocks never matter. Terminal jobs get ``PEXPIRE`` (the TTL) and are
-evicted oldest-use-first beyond ``max_completed``; a non-terminal job is never in
-``done`` and never expires.
+replicas' clocks never matter. Terminal jobs get ``PEXPIRE`` (the TTL); beyond
+``max_completed`` the terminal transition evicts the least recently used job of the
+caller holding the most (ties: the caller whose least recently used job is the
+oldest), the policy of :mod:`mortred_twisted.jobs.retention`, so one caller's
+finished jobs never evict another's results while that caller is within its share
+(``max_completed`` / callers holding finished jobs); with one caller it is plain LRU.
+Jobs whose hash expired still count until ``MAINTAIN``'s sweep forgets them. A
+non-terminal job is never in ``done`` and never expires.
 
 **Cancel is a fact in the job's hash** (``cancel``), not a message: ``CLAIM`` ends
 a flagged job cancelled instead of running it, ``MAINTAIN`` returns the flagged
@@ -87,24 +96,35 @@ LIST_SCAN = 2000
 #: The fair order (jobs/fair_queue.py): its state hash and one ZSET of pending jobs
 #: per priority band, scored by start tag.
 _FAIR = ("fair", "band_low", "band_normal", "band_high")
+#: Retention per caller (jobs/retention.py): who holds how many terminal jobs, and
+#: each terminal job's caller; with ``done`` and the per-caller ``done:<caller>``.
+_KEPT = ("holders", "done_owner")
+#: MAINTAIN's keys before the fair ones.
+_UPKEEP = ("leases", "pending", "queue", "depth", "done", "uses", *_KEPT, "index", "sweep")
 #: The fixed keys (names after the prefix) each script receives first in KEYS, in
 #: this order; then the keys the caller names per call (``dynamic``).
 _SCRIPT_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "admit": (
-        ("depth", "done", "uses", "seq", "pending", "index", "queue", *_FAIR),
+        ("depth", "done", "uses", *_KEPT, "seq", "pending", "index", "queue", *_FAIR),
         ("job", "idem"),
     ),
-    "claim": (("queue", "pending", "leases", "depth", "done", "uses", "index", *_FAIR), ()),
-    "terminate": (("depth", "pending", "leases", "done", "uses", "index", *_FAIR), ("job",)),
-    "snapshot": (("pending", "done", "uses", *_FAIR), ("job",)),
-    "result": (("done", "uses"), ("job",)),
+    "claim": (
+        ("queue", "pending", "leases", "depth", "done", "uses", *_KEPT, "index", *_FAIR),
+        (),
+    ),
+    "terminate": (
+        ("depth", "pending", "leases", "done", "uses", *_KEPT, "index", *_FAIR),
+        ("job",),
+    ),
+    "snapshot": (("pending", "done", "uses", *_KEPT, *_FAIR), ("job",)),
+    "result": (("done", "uses", *_KEPT), ("job",)),
     "progress": ((), ("job", "follow")),
     "hand_back": (("leases", "pending", "queue", *_FAIR), ("job",)),
-    "maintain": (
-        ("leases", "pending", "queue", "depth", "done", "uses", "index", "sweep", *_FAIR),
-        (),
-    ),  # then the hash of every held job
-    "cancel": (("depth", "pending", "leases", "done", "uses", "index", *_FAIR), ("job",)),
+    "maintain": ((*_UPKEEP, *_FAIR), ()),  # then the hash of every held job
+    "cancel": (
+        ("depth", "pending", "leases", "done", "uses", *_KEPT, "index", *_FAIR),
+        ("job",),
+    ),
     "job_extras": ((), ("job",)),
     "list": (("index", "pending", *_FAIR), ()),
     "queue": (("pending", "depth", *_FAIR), ()),

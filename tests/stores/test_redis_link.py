@@ -260,6 +260,17 @@ async def test_every_operation_keeps_to_one_cluster_slot() -> None:
                 return (await a.snapshot(lost)).state is JobState.PENDING
 
             await eventually(requeued, "the reclaim")
+            few = build(address, model_id, max_completed=1)  # retention per caller
+            await started(few)
+            try:
+                for owner in ("x", "y"):
+                    job = (await few.admit(REQ, owner=owner)).job_id
+                    await few.cancel(job)
+                    await few.snapshot(job)
+                assert len((await few.list_jobs(owner=None, states=frozenset(
+                    {JobState.CANCELLED}))).jobs) == 1  # fmt: skip
+            finally:
+                await few.stop()
         finally:
             await a.stop()
             await b.stop()

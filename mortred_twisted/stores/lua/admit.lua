@@ -1,5 +1,5 @@
--- ADMIT. KEYS: depth done uses seq pending index queue fair band_low band_normal
--- band_high, job, [idem]
+-- ADMIT. KEYS: depth done uses holders done_owner seq pending index queue fair
+-- band_low band_normal band_high, job, [idem]
 -- ARGV: max_queue, job_id, task_id, request, principal, idempotency key ('' none),
 -- fingerprint, webhook url ('' none), webhook events (comma list), band, the
 -- caller's limit of pending + running jobs (0 none), its weight
@@ -15,9 +15,7 @@ if ARGV[6] ~= '' then
     local job, fp = string.sub(known, 1, sep - 1), string.sub(known, sep + 1)
     if redis.call('EXISTS', P .. 'job:' .. job) == 1 then
       if fp ~= ARGV[7] then return {3, d, ''} end
-      if redis.call('HGET', P .. 'job:' .. job, 'completed') then
-        redis.call('ZADD', K.done, 'XX', use_mark(), job)
-      end
+      touch(job)
       return {2, d, job}
     end
     redis.call('DEL', idem)  -- its job is gone (retention): the key is free again

@@ -1,4 +1,4 @@
--- CANCEL. KEYS: depth pending leases done uses index, job
+-- CANCEL. KEYS: depth pending leases done uses holders done_owner index, fair keys, job
 -- ARGV: job_id, ttl_ms, max_completed -> {outcome, view...} with outcome 'cancelled'
 -- (was pending), 'requested' (running: flagged in the job's hash, then announced),
 -- 'finished'; false unknown. The flag is the durable fact (read at claim, at every
@@ -16,8 +16,8 @@ elseif state == 'running' then
   redis.call('HSET', key, 'cancel', '1')
   redis.call('PUBLISH', CHANNEL, 'c ' .. id)
   outcome = 'requested'
-elseif redis.call('HEXISTS', key, 'completed') == 1 then
-  redis.call('ZADD', K.done, 'XX', use_mark(), id)
+else
+  touch(id)
 end
 local v = view(id)
 if not v then return false end  -- retention removed it at once (max_completed 0)

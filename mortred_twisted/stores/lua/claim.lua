@@ -1,5 +1,5 @@
--- CLAIM. KEYS: queue pending leases depth done uses index fair band_low band_normal
--- band_high (the jobs' hashes are named from the prefix)
+-- CLAIM. KEYS: queue pending leases depth done uses holders done_owner index fair
+-- band_low band_normal band_high (the jobs' hashes are named from the prefix)
 -- ARGV: owner, lease_ms, ttl_ms, max_completed -> false, or {job_id, request, age_ms,
 -- attempt}; a queued job whose cancel was accepted (its replica was lost after the
 -- request) ends cancelled here instead of running.

@@ -1,4 +1,5 @@
--- MAINTAIN. KEYS: leases pending queue depth done uses index sweep, then the hash of
+-- MAINTAIN. KEYS: leases pending queue depth done uses holders done_owner index sweep,
+-- fair keys, then the hash of
 -- every job this replica runs (in ARGV's order)
 -- ARGV: owner, lease_ms, max_attempts (0: renew only), ttl_ms, max_completed,
 -- budget_ms (0 none), overdue error text, then the ids this replica runs.
@@ -67,8 +68,12 @@ for _, name in ipairs({'done', 'index'}) do
   local kept = 0
   for _, id in ipairs(batch) do
     if redis.call('EXISTS', P .. 'job:' .. id) == 0 then
-      redis.call('ZREM', zset, id)
-      if name == 'done' then forgotten = forgotten + 1 end
+      if name == 'done' then
+        unretain(id)
+        forgotten = forgotten + 1
+      else
+        redis.call('ZREM', zset, id)
+      end
     else
       kept = kept + 1
     end

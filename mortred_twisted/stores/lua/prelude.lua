@@ -19,12 +19,71 @@ local function now_ms_text()
   local us = string.format('%06d', tonumber(t[2]))
   return t[1] .. string.sub(us, 1, 3) .. '.' .. string.sub(us, 4)
 end
+-- Retention per caller (jobs/retention.py, the same policy): K.done holds every
+-- terminal job -> its last use (a use mark), done:<caller> the same for one caller,
+-- K.holders each caller -> how many terminal jobs it holds, K.done_owner each terminal
+-- job -> its caller (so the TTL sweep finds the caller of a job whose hash expired).
+local function done_of(caller) return P .. 'done:' .. caller end
+local function use_mark()
+  return redis.call('INCR', K.uses)
+end
+local function retain(id, caller)
+  local mark = use_mark()
+  redis.call('ZADD', K.done, mark, id)
+  redis.call('ZADD', done_of(caller), mark, id)
+  redis.call('HSET', K.done_owner, id, caller)
+  redis.call('ZINCRBY', K.holders, 1, caller)
+end
+-- A use (poll, result, replayed submit, cancel) of a retained job: it becomes its
+-- caller's most recently used. No-op unless retained.
+local function touch(id)
+  local caller = redis.call('HGET', K.done_owner, id)
+  if not caller then return end
+  local mark = use_mark()
+  redis.call('ZADD', K.done, 'XX', mark, id)
+  redis.call('ZADD', done_of(caller), 'XX', mark, id)
+end
+local function unretain(id)
+  redis.call('ZREM', K.done, id)
+  local caller = redis.call('HGET', K.done_owner, id)
+  if not caller then return end
+  redis.call('HDEL', K.done_owner, id)
+  redis.call('ZREM', done_of(caller), id)
+  if tonumber(redis.call('ZINCRBY', K.holders, -1, caller)) <= 0 then
+    redis.call('ZREM', K.holders, caller)
+  end
+end
 local function forget(id)
   local idem = redis.call('HGET', P .. 'job:' .. id, 'idem')
   if idem then redis.call('DEL', idem) end
   redis.call('DEL', P .. 'job:' .. id)
-  redis.call('ZREM', K.done, id)
+  unretain(id)
   redis.call('ZREM', K.index, id)
+end
+-- The job retention removes next while more than max_completed are held: the least
+-- recently used of the caller holding the most (ties: the caller whose least
+-- recently used job is the oldest), so a caller within its share (max_completed /
+-- callers holding any) loses nothing to another's. RetainedJobs.victim.
+local function retention_victim()
+  local top = redis.call('ZREVRANGE', K.holders, 0, 0, 'WITHSCORES')
+  if not top[1] then
+    return redis.call('ZRANGE', K.done, 0, 0)[1]  -- entries written before issue 19
+  end
+  local best, oldest = nil, nil
+  for _, caller in ipairs(redis.call('ZRANGEBYSCORE', K.holders, top[2], top[2])) do
+    local head = redis.call('ZRANGE', done_of(caller), 0, 0, 'WITHSCORES')
+    if head[1] and (not best or tonumber(head[2]) < oldest) then
+      best, oldest = head[1], tonumber(head[2])
+    end
+  end
+  return best
+end
+local function evict_over(max_completed)
+  while redis.call('ZCARD', K.done) > max_completed do
+    local victim = retention_victim()
+    if not victim then return end
+    forget(victim)
+  end
 end
 -- The fair order (jobs/fair_queue.py, the same integer arithmetic): pending jobs in
 -- one ZSET per band scored by start tag; K.fair holds each band's virtual time
@@ -60,9 +119,6 @@ local function fair_release(id, key, was_pending)
   if redis.call('HINCRBY', K.fair, 'a:' .. caller, -1) <= 0 then
     redis.call('HDEL', K.fair, 'a:' .. caller, 'r:' .. caller, 'l:' .. caller)
   end
-end
-local function use_mark()
-  return redis.call('INCR', K.uses)
 end
 local function depth()
   return tonumber(redis.call('GET', K.depth) or '0')
@@ -122,16 +178,13 @@ local function terminate(id, state, result, err, ttl_ms, max_completed)
   redis.call('DECR', K.depth)
   redis.call('ZREM', K.pending, id)
   redis.call('ZREM', K.leases, id)
-  redis.call('ZADD', K.done, use_mark(), id)
+  retain(id, redis.call('HGET', key, 'principal') or '')
   if ttl_ms > 0 then
     redis.call('PEXPIRE', key, ttl_ms)
     local idem = redis.call('HGET', key, 'idem')
     if idem then redis.call('PEXPIRE', idem, ttl_ms) end
   end
-  local over = redis.call('ZCARD', K.done) - max_completed
-  if over > 0 then
-    for _, old in ipairs(redis.call('ZRANGE', K.done, 0, over - 1)) do forget(old) end
-  end
+  evict_over(max_completed)
   -- The event carries the job's terminal view, so a replica whose waiters it wakes
   -- answers them without reading the job again (one round trip less per wake-up).
   local v = view(id)

@@ -1,7 +1,6 @@
--- SNAPSHOT. KEYS: pending done uses, job
+-- SNAPSHOT. KEYS: pending done uses holders done_owner, fair keys, job
 -- ARGV: job_id -> false, or view(); refreshes the LRU position of a terminal job.
-if not view(ARGV[1]) then return false end
-if redis.call('HEXISTS', K.job, 'completed') == 1 then
-  redis.call('ZADD', K.done, 'XX', use_mark(), ARGV[1])
-end
-return view(ARGV[1])
+local v = view(ARGV[1])
+if not v then return false end
+touch(ARGV[1])
+return v

@@ -1,4 +1,5 @@
--- TERMINATE. KEYS: depth pending leases done uses index, job
+-- TERMINATE. KEYS: depth pending leases done uses holders done_owner index, fair keys,
+-- job
 -- ARGV: job_id, state, result ('' none), error ('' none), owner ('' any),
 -- attempt ('' any), ttl_ms, max_completed -> {ended 1/0, depth, the state it ended in}
 -- A job whose cancel was accepted never ends 'done': a run that finished before it
