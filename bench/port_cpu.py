@@ -1,6 +1,8 @@
 """CPU per request of a model port, in process: ``GET /jobs/{id}`` polls (a done job)
 and ``POST /jobs`` submits through the real HTTP server on a ``StringTransport`` (no
-sockets, no peer, no scheduler noise: ``time.process_time`` of this process only).
+sockets, no peer, no scheduler noise: ``time.process_time`` of this process only), and
+the whole life of a job (submit, a waiter parked on ``/wait``, the run on the hand-driven
+pool and clock, the waiter woken, ``GET /jobs/{id}/result``).
 
     .venv/bin/python bench/port_cpu.py            # this checkout
     (cd /tmp/base && /work/main/.venv/bin/python bench/port_cpu.py)   # a worktree
@@ -8,7 +10,8 @@ sockets, no peer, no scheduler noise: ``time.process_time`` of this process only
 Run it in a ``git worktree`` of another commit with the same interpreter for an A/B
 that a loaded VM cannot blur (the socket benches' yardsticks moved 2x within minutes
 on 2026-12-02). Prints µs of CPU per request; submits pile up pending (no worker
-runs them), so the second submit batch measures a backlog of 5,000 jobs.
+runs them), so the second submit batch measures a backlog of 5,000 jobs; the job
+scenario runs first, while the store holds only finished jobs.
 """
 
 import base64
@@ -65,9 +68,28 @@ else:
         early_reject=app.early_reject,
         request_id=new_request_id,
     )
-proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-t = StringTransport()
-proto.makeConnection(t)
+
+
+def serve(factory):
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    return proto, transport
+
+
+def settle():
+    """Run every queued reactor call and pool call until nothing is left."""
+    for _ in range(100):
+        clock.advance(0)
+        if not threads.pending:
+            clock.advance(0)
+            if not threads.pending:
+                return
+        while threads.pending:
+            threads.step()
+
+
+proto, t = serve(factory)
 body = json.dumps({"images": [base64.b64encode(b"x").decode()]}).encode()
 submit = (
     b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:18100\r\nContent-Type: application/json\r\n"
@@ -75,9 +97,7 @@ submit = (
 ) + body
 proto.dataReceived(submit)
 job = json.loads(t.value().partition(b"\r\n\r\n")[2])["job_id"]
-for _ in range(5):
-    clock.advance(0)
-    threads.step() if threads.pending else None
+settle()
 t.clear()
 poll = b"GET /jobs/%s HTTP/1.1\r\nHost: 127.0.0.1:18100\r\n\r\n" % job.encode()
 
@@ -90,7 +110,29 @@ def run(raw, n):
     return (time.process_time() - start) / n * 1e6
 
 
+def job_lives(n):
+    """CPU per job over its whole life: submit, a waiter parked on /wait, the run,
+    the wake, the result fetch (each on its own kept-alive connection)."""
+    submitter, sent = serve(factory)
+    waiter, woken = serve(factory)
+    start = time.process_time()
+    for _ in range(n):
+        submitter.dataReceived(submit)
+        job_id = json.loads(sent.value().partition(b"\r\n\r\n")[2])["job_id"].encode()
+        sent.clear()
+        waiter.dataReceived(b"GET /jobs/%s/wait?timeout=10 HTTP/1.1\r\nHost: localhost\r\n\r\n" % job_id)
+        settle()
+        assert b'"done"' in woken.value(), woken.value()[-300:]
+        woken.clear()
+        submitter.dataReceived(b"GET /jobs/%s/result HTTP/1.1\r\nHost: localhost\r\n\r\n" % job_id)
+        assert sent.value().startswith(b"HTTP/1.1 200"), sent.value()[:300]
+        sent.clear()
+    return (time.process_time() - start) / n * 1e6
+
+
 gc.freeze()
+print(f"job: {job_lives(2000):.1f} us/job (warm-up)")
+print(f"job: {job_lives(3000):.1f} us/job")
 for name, raw, n in [
     ("poll", poll, 20000),
     ("poll", poll, 20000),

@@ -34,10 +34,18 @@ class HotRoutes:
         self._wait = handlers["jobs_wait"]
         self._result = handlers["jobs_result"]
 
+    def serves(self, method: bytes, path: bytes) -> bool:
+        """Whether ``method path`` (no query) is a hot route: a head that names one
+        needs no werkzeug match to know its route exists."""
+        return self.match_path(method, path) is not None
+
     def match(self, request: Any) -> tuple[Handler, dict[str, str]] | None:
         """Reads only ``request.path`` and ``request.method``."""
-        path = request.path.rstrip(b"/") or b"/"
-        method = request.method
+        return self.match_path(request.method, request.path)
+
+    def match_path(self, method: bytes, path: bytes) -> tuple[Handler, dict[str, str]] | None:
+        """The handler and arguments of ``method path`` (no query), or None."""
+        path = path.rstrip(b"/") or b"/"
         if method == b"POST":
             if path == b"/jobs":
                 return self._submit, {}

@@ -103,7 +103,7 @@ class ModelPortApp:
         except BaseException:
             self._finished(request)
             raise
-        if not isinstance(outcome, Deferred):
+        if type(outcome) is bytes or not isinstance(outcome, Deferred):  # bytes: no ABC check
             self._finished(request)
             if request.finish_waiters:
                 request.finished(outcome)

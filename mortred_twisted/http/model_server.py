@@ -90,6 +90,7 @@ class ModelServerApp:
         add("/jobs/<job_id>", ("DELETE",), "jobs_cancel", jobs.cancel_job)
         add("/jobs/<job_id>/events", ("GET",), "jobs_events", jobs.job_events)
         add("/queue", ("GET",), "queue", jobs.queue)
+        self.checks.known_route = self.hot_routes().serves
         self.app.handle_errors(MethodNotAllowed)(self.checks.method_not_allowed)
         self.app.handle_errors(NotFound)(self.checks.not_found)
 

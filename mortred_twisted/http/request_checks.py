@@ -50,6 +50,9 @@ class RequestChecks:
         self.klein = klein
         self.token: str | None = self.config.auth_token or None
         self._rate_limiter = rate_limiter
+        #: ``(method, path) -> bool``: routes known to exist without a werkzeug match
+        #: (the hot routes, set by the model server once its handlers are registered)
+        self.known_route: Callable[[bytes, bytes], bool] = lambda _method, _path: False
 
     def instrumented(self, label: str, handler: Callable) -> Callable:
         """Tag the request with its route and start time; :meth:`record_request`
@@ -129,21 +132,9 @@ class RequestChecks:
         if refused is not None:
             return self.early_response(path, headers, refused)
         route_path = path.split(b"?", 1)[0]
-        try:
-            path_info = unquote_to_bytes(route_path).decode("utf-8")
-        except UnicodeDecodeError:
-            path_info = ""
-        mapper = self.klein.url_map.bind(
-            "localhost", path_info=path_info, default_method=method.decode("latin-1")
-        )
         err: ApiError | None = None
-        try:
-            mapper.match()
-        except MethodNotAllowed as exc:
-            allow = ", ".join(sorted(exc.valid_methods or []))
-            err = ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
-        except NotFound:
-            err = ApiError(E.NOT_FOUND, f"not found: {route_path.decode('latin-1')}")
+        if not self.known_route(method, route_path):
+            err = self._route_error(method, route_path)
         if err is None:
             err = self.auth_error(headers)
         content_type = headers.getRawHeaders(b"content-type", [None])[0]
@@ -154,6 +145,24 @@ class RequestChecks:
         if err is None:
             return None
         return self.early_response(path, headers, err)
+
+    def _route_error(self, method: bytes, route_path: bytes) -> ApiError | None:
+        """404 or 405 from the Klein table's werkzeug map, None when a rule matches."""
+        try:
+            path_info = unquote_to_bytes(route_path).decode("utf-8")
+        except UnicodeDecodeError:
+            path_info = ""
+        mapper = self.klein.url_map.bind(
+            "localhost", path_info=path_info, default_method=method.decode("latin-1")
+        )
+        try:
+            mapper.match()
+        except MethodNotAllowed as exc:
+            allow = ", ".join(sorted(exc.valid_methods or []))
+            return ApiError(E.METHOD_NOT_ALLOWED, "method not allowed", {"Allow": allow})
+        except NotFound:
+            return ApiError(E.NOT_FOUND, f"not found: {route_path.decode('latin-1')}")
+        return None
 
     def early_response(self, path: bytes, headers: Headers, err: ApiError) -> EarlyResponse:
         """``err`` as the route would render it (job routes: ``{"error", "code"}``;

@@ -90,7 +90,7 @@ class Responder:
 
     def store_errors(self, request: IRequest, answer: Maybe[bytes], req_id: str | None) -> Any:
         """A store's answer as is, or 503 when the (shared) store is unreachable."""
-        if not isinstance(answer, Deferred):
+        if type(answer) is bytes or not isinstance(answer, Deferred):  # bytes: no ABC check
             return answer
 
         def unavailable(failure: Any) -> bytes:

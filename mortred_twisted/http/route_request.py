@@ -38,6 +38,10 @@ class RouteRequest:
         self.clientproto = proxy.clientproto
         self.requestHeaders = proxy.requestHeaders
         self.responseHeaders = proxy.responseHeaders
+        #: ``getHeader(name)`` / ``setHeader(name, value)``: the server request's own
+        #: (bound here: a poll calls them five times, one frame less each)
+        self.getHeader: Callable[[bytes], bytes | None] = proxy.getHeader
+        self.setHeader: Callable[[bytes, bytes], None] = proxy.setHeader
         self.content = proxy.content if proxy.content is not None else io.BytesIO(b"")
         self.code = 200
         self._args: dict[bytes, list[bytes]] | None = None
@@ -52,11 +56,6 @@ class RouteRequest:
             self._args = parse_qs(query, keep_blank_values=True) if query else {}
         return self._args
 
-    def getHeader(self, name: bytes) -> bytes | None:
-        return self._proxy.getHeader(name)
-
-    def setHeader(self, name: bytes, value: bytes) -> None:
-        self._proxy.setHeader(name, value)
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         self.code = self._proxy.code = code

@@ -408,7 +408,7 @@ class HTTPConnection(Protocol):
             log.failure("unhandled error in {path}", path=request.path)
             self._internal_error(request)
             return
-        if isinstance(outcome, defer.Deferred):
+        if type(outcome) is not bytes and isinstance(outcome, defer.Deferred):  # ABC check last
             self._pending = outcome
             outcome.addCallbacks(
                 self._answer, self._failed, callbackArgs=(request,), errbackArgs=(request,)

@@ -210,13 +210,13 @@ class JobRunner:
         """A worker for ``job_id`` when its turn in the store's fair order comes
         (plain FIFO without a fair store). Cancelling the Deferred gives up the
         wait and withdraws the newest pool acquire (the others keep their place)."""
-        if self._pick is None:
-            return self._workers.acquire("async")
+        acquire = self._workers.acquire("async")
+        if self._pick is None or (acquire.called and not self._ready):
+            return acquire  # plain FIFO, or a free worker and no job of ours waiting
 
         mine: Deferred[WorkerLease[Model]] = Deferred(self._give_up)
         self._ready[job_id] = mine
         self._ready_ids[id(mine)] = job_id
-        acquire = self._workers.acquire("async")
         self._acquires.append(acquire)
         acquire.addCallbacks(self._hand_out, _withdrawn)
         return mine

@@ -45,6 +45,8 @@ def test_every_rule_of_the_table_is_matched_alike(server_uri: str) -> None:
                 request = SimpleNamespace(path=path.encode(), method=method.encode())
                 matched = hot.match(request)
                 expected = werkzeug_endpoint(app, method, path)
+                # the head check's shortcut (a known route needs no werkzeug match)
+                assert hot.serves(method.encode(), path.encode()) == (matched is not None)
                 if matched is not None:
                     label = handlers[id(matched[0])]
                     assert f"mortred_{label}" == expected, (method, path)
@@ -63,3 +65,4 @@ def test_paths_outside_the_hot_routes_are_left_to_werkzeug(path: str) -> None:
     app, *_ = make_app()
     for method in (b"GET", b"POST", b"DELETE", b"PUT"):
         assert app.hot_routes().match(SimpleNamespace(path=path.encode(), method=method)) is None
+        assert not app.checks.known_route(method, path.encode())
