@@ -17,8 +17,10 @@ Per run and per step, in this order: ``scheduler.step`` (its own generator and
 ``eta``); a check that the latents are finite (NaN or inf: the run fails alone with
 :class:`SamplingDiverged`); ``ctx.progress(step, total)``; ``ctx.check_cancelled()``.
 A cancelled run is also dropped before a step starts, so it never costs a forward
-after its cancel was seen. A run whose last step is done is decoded (latent
-pipelines), encoded as PNGs and leaves with its ``data``. An exception raised by one
+after its cancel was seen. The runs whose last step is done are decoded
+together (latent pipelines: one autoencoder call for all that finish in the same
+step, at most ``max_rows`` rows unless one run alone has more), encoded as PNGs and
+leave with their ``data``. An exception raised by one
 run's scheduler (or its decode) is that run's outcome alone.
 
 Images are the same alone and in a batch up to the floating-point differences of a
@@ -108,6 +110,7 @@ class DenoiseBatch(StepBatch):
     def step(self) -> list[tuple[int, Any]]:
         left: list[tuple[int, Any]] = []
         inputs: dict[int, torch.Tensor] = {}
+        finished: list[tuple[int, _Run]] = []
         with torch.inference_mode():
             for key, run in list(self._runs.items()):
                 try:
@@ -118,14 +121,16 @@ class DenoiseBatch(StepBatch):
                     left.append((key, self._leave(key, exc)))
             outputs = self._denoise(inputs)
             for key, out in outputs.items():
+                run = self._runs[key]
                 try:
-                    done = self._advance(self._runs[key], inputs[key], out)
+                    done = self._advance(run, inputs[key], out)
                 except Exception as exc:
                     left.append((key, self._leave(key, exc)))
                     continue
-                if done is not None:
-                    left.append((key, done))
+                if done:
+                    finished.append((key, run))
                     del self._runs[key]
+            left += self._finish(finished)
         return left
 
     def _leave(self, key: int, exc: Exception) -> Exception:
@@ -172,8 +177,8 @@ class DenoiseBatch(StepBatch):
             per_run[key] = part
         return per_run
 
-    def _advance(self, run: _Run, model_input: torch.Tensor, out: torch.Tensor) -> Any:
-        """``scheduler.step`` + checks for one run; its ``data`` when it is done."""
+    def _advance(self, run: _Run, model_input: torch.Tensor, out: torch.Tensor) -> bool:
+        """``scheduler.step`` + checks for one run; whether its last step is done."""
         t = run.timesteps[run.i]
         step = run.i + 1
         if step in run.snap_steps:
@@ -189,9 +194,39 @@ class DenoiseBatch(StepBatch):
         run.i = step
         run.ctx.progress(step, run.total)
         run.ctx.check_cancelled()
-        if step < run.total:
-            return None
-        return self._model.result(run.plan, run.total, run.x, run.snapshots)
+        return step == run.total
+
+    def _finish(self, finished: list[tuple[int, _Run]]) -> list[tuple[int, Any]]:
+        """The ``data`` of the runs whose last step this was (or what ended each).
+
+        Their latents are decoded together (one autoencoder call for the runs that
+        finish in the same step, see ``decode_runs``); if that call raises, each run
+        is decoded alone, so a failure stays the failing run's own.
+        """
+        if not finished:
+            return []
+        model = self._model
+        try:
+            images: list[Any] = model.decode_runs([run.x for _, run in finished], self._max_rows)
+        except Exception as exc:
+            if len(finished) == 1:
+                return [(finished[0][0], exc)]
+            images = []
+            for _, run in finished:
+                try:
+                    images += model.decode_runs([run.x], self._max_rows)
+                except Exception as own:
+                    images.append(own)
+        left: list[tuple[int, Any]] = []
+        for (key, run), decoded in zip(finished, images, strict=True):
+            if isinstance(decoded, Exception):
+                left.append((key, decoded))
+                continue
+            try:
+                left.append((key, model.result(run.plan, run.total, decoded, run.snapshots)))
+            except Exception as exc:
+                left.append((key, exc))
+        return left
 
     # -- a run's start ------------------------------------------------------------
 
@@ -200,12 +235,7 @@ class DenoiseBatch(StepBatch):
         alone draws them)."""
         model = self._model
         plan = model.plan(request.params)
-        scheduler = schedulers.make(plan.scheduler, model.pipe.scheduler_config)
-        scheduler.set_timesteps(plan.steps, device=model.device)
-        if hasattr(scheduler, "set_begin_index"):
-            # Step by index: Karras spacing can repeat a (rounded) timestep, which
-            # would make a lookup by timestep value pick the wrong step.
-            scheduler.set_begin_index(0)
+        scheduler = model.schedulers.fresh(plan.scheduler, plan.steps)
         timesteps = scheduler.timesteps
         total = len(timesteps)
         accepted = schedulers.step_arguments(type(scheduler).__name__)

@@ -118,6 +118,8 @@ class DiffusionModel(Model):
         self.net: torch.nn.Module = pipe.denoiser
         #: Seconds ``torch.compile`` and its first calls took at load (None: not compiled).
         self.compile_seconds: float | None = None
+        #: A fresh scheduler per run, copied from one prepared per (name, steps).
+        self.schedulers = schedulers.FreshSchedulers(pipe.scheduler_config, device)
         self.run_capacity = max(1, max_running_jobs)
         self.max_batch_images = max(1, max_batch_images)
         self._batch = DenoiseBatch(self, self.max_batch_images) if self.run_capacity > 1 else None
@@ -215,16 +217,44 @@ class DiffusionModel(Model):
             return z
         return ae.decode(z.to(self.dtype) / self.pipe.scaling_factor).sample
 
+    def decode_runs(self, latents: Sequence[torch.Tensor], max_rows: int) -> list[torch.Tensor]:
+        """The images of finished runs (one latents tensor each, decoded alike).
+
+        Latent pipelines decode runs together, consecutive runs sharing one
+        autoencoder call while their rows fit in ``max_rows``; a run is never split
+        (one larger than ``max_rows`` is one call), so a run alone is decoded exactly
+        as before. Pixel pipelines return the latents as they are.
+        """
+        if self.pipe.autoencoder is None:
+            return list(latents)
+        groups: list[list[torch.Tensor]] = []
+        rows = 0
+        for z in latents:
+            if groups and rows + z.shape[0] <= max_rows:
+                groups[-1].append(z)
+                rows += z.shape[0]
+            else:
+                groups.append([z])
+                rows = z.shape[0]
+        images: list[torch.Tensor] = []
+        for group in groups:
+            if len(group) == 1:
+                images.append(self._decode(group[0]))
+                continue
+            images += self._decode(torch.cat(group)).split([z.shape[0] for z in group])
+        return images
+
     def result(
         self,
         plan: SamplingPlan,
         steps: int,
-        x: torch.Tensor,
+        images: torch.Tensor,
         snapshots: list[tuple[int, int, torch.Tensor]],
     ) -> dict[str, Any]:
-        """The envelope's ``data`` of a finished run (decode, PNG-encode)."""
+        """The envelope's ``data`` of a finished run from its decoded ``images``
+        (:meth:`decode_runs`): PNG-encoded, with the run's parameters."""
         with torch.inference_mode():
-            pixels = to_uint8(self._decode(x))
+            pixels = to_uint8(images)
             data: dict[str, Any] = {
                 "images": [png_base64(p) for p in pixels],
                 "width": int(pixels.shape[2]),

@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 
 from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunCancelled, RunContext
-from mortred_twisted.models.diffusion import batching
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, SamplingDiverged
 
 FAMILIES = ["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
@@ -145,6 +144,74 @@ def test_max_batch_images_caps_the_rows_of_each_call(build: Callable[..., Any]) 
         assert max_diff(together[i], model.run(req, RunContext())) <= TOLERANCE
 
 
+def test_runs_finishing_in_the_same_step_share_one_decode(build: Callable[..., Any]) -> None:
+    """The latents of runs whose last step is the same step go through one
+    autoencoder call (a run is never split); the images stay those of the runs alone."""
+    model = build("LDM", max_running_jobs=4, max_batch_images=3)
+    params = [
+        {"sample_steps": 3, "seed": 1},
+        {"sample_steps": 3, "seed": 2, "num_images": 2},
+        {"sample_steps": 3, "seed": 3},
+        {"sample_steps": 4, "seed": 4, "num_images": 4},
+    ]
+    reqs = requests(model, params)
+    alone = [model.run(r, RunContext()) for r in reqs]
+    rows: list[int] = []
+    hook = model.pipe.autoencoder.decoder.register_forward_pre_hook(
+        lambda _m, args: rows.append(args[0].shape[0])
+    )
+    try:
+        together = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0, 0])
+    finally:
+        hook.remove()
+    # Step 3: runs 0 + 1 fit in 3 rows, run 2 starts the next call; step 4: run 3
+    # alone, over the cap but never split.
+    assert rows == [3, 1, 4]
+    for i, data in enumerate(alone):
+        assert max_diff(together[i], data) <= TOLERANCE, i
+
+
+def test_a_failing_joint_decode_fails_only_the_run_that_fails_alone(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the shared autoencoder call raises, each run is decoded alone: the run
+    whose own decode raises fails, the others finish with their images."""
+    model = build("LDM", max_running_jobs=4)
+    reqs = requests(
+        model, [{"sample_steps": 2, "seed": 1}, {"sample_steps": 2, "seed": 2, "num_images": 2}]
+    )
+    alone = model.run(reqs[0], RunContext())
+    real_decode = model._decode
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        if z.shape[0] != 1:
+            raise RuntimeError("decoder out of memory")
+        return real_decode(z)
+
+    monkeypatch.setattr(model, "_decode", decode)
+    out = run_staggered(model, reqs, [RunContext(), RunContext()], [0, 0])
+    assert isinstance(out[1], RuntimeError) and "out of memory" in str(out[1])
+    assert max_diff(out[0], alone) <= TOLERANCE
+
+
+@pytest.mark.parametrize("scheduler", ["dpmsolver++", "euler-ancestral", "dpmsolver++-karras"])
+def test_a_copied_scheduler_gives_the_bytes_of_one_built_for_the_run(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, scheduler: str
+) -> None:
+    """Runs get private copies of a scheduler prepared once per (name, steps), never
+    stepped before, and their images are byte for byte those of a scheduler built
+    from scratch for the run."""
+    model = build("DDIM", max_running_jobs=1)
+    a = model.schedulers.fresh(scheduler, 5)
+    b = model.schedulers.fresh(scheduler, 5)
+    assert a is not b and a.step_index is None and b.step_index is None
+    assert a.timesteps.tolist() == b.timesteps.tolist() and len(a.timesteps) == 5
+    req = requests(model, [{"scheduler": scheduler, "sample_steps": 5, "seed": 3}])[0]
+    copied = [model.run(req, RunContext()) for _ in range(2)]
+    monkeypatch.setattr(model.schedulers, "fresh", model.schedulers._prepare)
+    assert copied[0] == copied[1] == model.run(req, RunContext())
+
+
 def test_progress_is_reported_per_run_per_step(build: Callable[..., Any]) -> None:
     """Each run's context sees its own steps and total, in order."""
     model = build("DDIM", max_running_jobs=4)
@@ -220,15 +287,15 @@ def test_a_run_whose_scheduler_raises_or_turns_nan_fails_alone(
         ],
     )
     alone = {i: model.run(reqs[i], RunContext()) for i in (0, 2)}
-    real_make = batching.schedulers.make
+    real_fresh = model.schedulers.fresh
     made: list[Any] = []
 
-    def make(name: str, base: dict[str, Any]) -> Any:
-        scheduler = real_make(name, base)
+    def fresh(name: str, steps: int) -> Any:
+        scheduler = real_fresh(name, steps)
         made.append(scheduler)
         return failing(scheduler, at=2, nan=nan) if len(made) == 2 else scheduler
 
-    monkeypatch.setattr(batching.schedulers, "make", make)
+    monkeypatch.setattr(model.schedulers, "fresh", fresh)
     out = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0])
     assert isinstance(out[1], error)
     if nan:
@@ -242,9 +309,9 @@ def test_a_run_alone_fails_on_nan_too(
 ) -> None:
     """Model.run raises SamplingDiverged instead of returning images of NaN."""
     model = build("DDPM")
-    real_make = batching.schedulers.make
+    real_fresh = model.schedulers.fresh
     monkeypatch.setattr(
-        batching.schedulers, "make", lambda n, b: failing(real_make(n, b), at=1, nan=True)
+        model.schedulers, "fresh", lambda n, s: failing(real_fresh(n, s), at=1, nan=True)
     )
     with pytest.raises(SamplingDiverged):
         model.run(requests(model, [{"sample_steps": 3, "seed": 1}])[0], RunContext())
