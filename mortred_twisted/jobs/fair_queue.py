@@ -25,6 +25,11 @@ time). So while every band has work, of each 21 starts 16 are high, 4 normal and
 1 low: a higher band mostly runs first, and a low job is never starved: between two
 starts of its band at most 17 high and 5 normal jobs start.
 
+**Running again.** A job whose run is given back (the Redis store: a replica
+handing it back, or its lease lost) is pending again with its own start tag
+(:meth:`FairQueue.requeue`): it keeps its place, ahead of the jobs admitted after
+it, and its caller's count of active jobs does not change.
+
 **Quotas.** The queue counts each caller's *active* jobs (pending + running);
 admission against a caller's limit is the ledger's (one lock with the model's
 ``max_queue``).
@@ -194,6 +199,24 @@ class FairQueue:
         self._pass[band] += BAND_SCALE // BAND_WEIGHTS[band]
         self._entries[job_id] = (caller, band, key, finish, True)
         self._running[caller] = self._running.get(caller, 0) + 1
+        return True
+
+    def requeue(self, job_id: str) -> bool:
+        """Running → pending again, with its own start tag and admission sequence:
+        the job is back in its place (the Redis store's hand-back and lost lease;
+        the band's virtual time and pass stay where its start moved them). The
+        caller's active count is unchanged. False unless ``job_id`` runs here."""
+        entry = self._entries.get(job_id)
+        if entry is None or not entry[4]:
+            return False
+        caller, band, key, finish, _ = entry
+        queue = self._bands[band]
+        if not queue:  # as in push: a band that wakes up gets no credit
+            self._pass[band] = max(self._pass[band], self._global_pass)
+        insort(queue, key)
+        self._entries[job_id] = (caller, band, key, finish, False)
+        _dec(self._running, caller)
+        self._pending[caller] = self._pending.get(caller, 0) + 1
         return True
 
     def release(self, job_id: str) -> bool:

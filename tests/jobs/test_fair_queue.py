@@ -306,3 +306,17 @@ class FairLedgerMachine(RuleBasedStateMachine):
 
 TestFairLedger = FairLedgerMachine.TestCase
 TestFairLedger.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+def test_a_requeued_job_is_back_in_its_place() -> None:
+    """A running job given back (hand-back, lost lease) is pending again ahead of the
+    jobs admitted after it, and its caller's active count is unchanged."""
+    q = FairQueue()
+    for i in range(3):
+        q.push(f"a{i}", "A", i)
+    q.push("b0", "B", 3)
+    assert _drain(q, 2) == ["a0", "b0"]
+    assert q.requeue("a0") and not q.requeue("a0") and not q.requeue("a1")
+    assert (q.active("A"), q.pending_of("A"), q.running_of("A")) == (3, 3, 0)
+    assert q.pending_ids() == ["a0", "a1", "a2"] and q.position("a0") == 1
+    assert _drain(q, 3) == ["a0", "a1", "a2"]

@@ -2,7 +2,9 @@
 """The fair order and the callers' quotas on the Redis store (issue 19 item 4): CLAIM
 takes jobs in the same order as the memory ledger (one Lua step for every replica),
 ADMIT checks the caller's own limit, and a job handed back or requeued after a lost
-replica keeps its place. Against a real ``redis-server``."""
+replica keeps its place; a lost replica and a restart of every replica (and of
+Redis) keep the order and the quotas. Against a real ``redis-server``; the state
+machine over all of it is tests/stores/test_redis_fair_machine.py."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from mortred_twisted.jobs.fair_queue import CallerTerms
+from mortred_twisted.jobs.fair_queue import CallerTerms, FairQueue
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.stores.redis_store import RedisJobStore
-from tests.stores.test_store_contract import REQ, redis, redis_store  # noqa: F401
-from tests.support.redis_server import RedisServer
+from tests.stores.test_store_contract import REQ, eventually, redis, redis_store  # noqa: F401
+from tests.support.redis_server import RedisServer, redis_server
 
 
 @pytest.fixture
@@ -166,3 +168,110 @@ async def test_the_queue_view_counts_each_caller(stores: Callable[..., Any]) -> 
     await store.terminate(a_jobs[1], JobState.CANCELLED, error="x")
     assert [(c.pending, c.running) for c in (await store.queue_view("A")).callers] == [(2, 0)]
     assert [c.caller for c in (await store.queue_view("nobody")).callers] == ["nobody"]
+
+
+def _spec_order(spec: FairQueue) -> list[str]:
+    """Start every pending job of ``spec`` in its order."""
+    order = []
+    while (job := spec.next()) is not None:
+        assert spec.start(job)
+        order.append(job)
+    return order
+
+
+async def _lines(store: RedisJobStore) -> dict[str, tuple[int, int]]:
+    view = await store.queue_view()
+    return {line.caller: (line.pending, line.running) for line in view.callers}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lost_replicas_job_runs_elsewhere_in_its_place(
+    stores: Callable[..., Any],
+) -> None:
+    """A replica dies holding A's first job (its lease runs out): another replica
+    re-queues it, claims it first again and B's jobs keep their turns (the spec's
+    order); A's quota counts the job once throughout (no place leaked, none counted
+    twice) and the dead replica's late result is refused."""
+    lost = await stores(lease_ms=300, max_pending_per_caller=3)
+    other = await stores(lease_ms=300, max_pending_per_caller=3)
+    spec = FairQueue()
+    for n, who in enumerate("AAABB"):
+        job = (await other.admit(REQ, f"{who}{n}", owner=who)).job_id
+        spec.push(job, who, n)
+    claim = await lost.claim_next()  # and 'lost' never renews its lease again
+    assert claim is not None and claim.job_id == spec.next() and spec.start(claim.job_id)
+    assert await _lines(other) == {"A": (2, 1), "B": (2, 0)}
+
+    async def requeued() -> bool:
+        await other.maintain()
+        return (await other.snapshot(claim.job_id)).state is JobState.PENDING
+
+    await eventually(requeued, "the expired lease to re-queue the job")
+    assert spec.requeue(claim.job_id)
+    assert await _lines(other) == {"A": (3, 0), "B": (2, 0)}
+    assert (await other.admit(REQ, owner="A")).over_quota
+    order = await claim_all(other, 5)
+    assert order == _spec_order(spec) and order[0] == claim.job_id
+    assert not await lost.terminate(claim.job_id, JobState.DONE, result=b"late")
+    assert await _lines(other) == {"A": (0, 3), "B": (0, 2)}
+    for job in order:
+        assert await other.terminate(job, JobState.DONE, result=b"{}")
+    assert await _lines(other) == {}
+    assert (await other.admit(REQ, owner="A")).job_id is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_restart_of_every_replica_and_of_redis_keeps_order_and_quotas() -> None:
+    """Two replicas hold a mixed backlog (three callers, weights 1-3, three bands)
+    and one running job; both replicas stop, Redis restarts from its append-only
+    file, two new replicas start: the counts and the refusals are the same, the
+    running job comes back in its place once its lease runs out, and every job is
+    claimed in the spec's order."""
+    terms = {"A": CallerTerms(weight=1, max_pending=4, max_priority="high"),
+             "B": CallerTerms(weight=2, max_priority="high"),
+             "C": CallerTerms(weight=3, max_priority="high")}  # fmt: skip
+    plan = [("A", "normal"), ("B", "normal"), ("C", "high"), ("A", "low"), ("B", "high"),
+            ("A", "normal"), ("C", "low"), ("B", "normal"), ("A", "high"),
+            ("C", "normal")]  # fmt: skip
+    model_id = "S" + uuid.uuid4().hex[:8]
+    spec = FairQueue()
+    with redis_server() as server:
+        options = dict(max_queue=100, lease_ms=300, max_pending_per_caller=6)
+        first = [redis_store(server.url, model_id, **options) for _ in range(2)]
+        for store in first:
+            store.start()
+            await store.link.when_connected()
+        for n, (who, band) in enumerate(plan):
+            job = (await first[n % 2].admit(REQ, owner=who, terms=terms[who], priority=band)).job_id
+            spec.push(job, who, n, weight=terms[who].weight, band=band)
+        done = await first[0].claim_next()
+        running = await first[1].claim_next()  # its replica stops holding it
+        for claim in (done, running):
+            assert claim is not None and claim.job_id == spec.next() and spec.start(claim.job_id)
+        assert await first[0].terminate(done.job_id, JobState.DONE, result=b"{}")
+        spec.release(done.job_id)
+        before = await _lines(first[0])
+        assert (await first[0].admit(REQ, owner="A", terms=terms["A"])).over_quota
+        for store in first:
+            await store.stop()
+        server.restart()
+        again = [redis_store(server.url, model_id, **options) for _ in range(2)]
+        try:
+            for store in again:
+                store.start()
+                await store.link.when_connected()
+            assert await _lines(again[0]) == before
+            assert (await again[1].admit(REQ, owner="A", terms=terms["A"])).over_quota
+
+            async def requeued() -> bool:
+                await again[0].maintain()
+                return (await again[0].snapshot(running.job_id)).state is JobState.PENDING
+
+            await eventually(requeued, "the stopped replica's lease to run out")
+            assert spec.requeue(running.job_id)
+            order = [(await again[n % 2].claim_next()).job_id for n in range(len(plan) - 1)]
+            assert order == _spec_order(spec)
+            assert await again[0].claim_next() is None
+        finally:
+            for store in again:
+                await store.stop()

@@ -1,8 +1,8 @@
 -- CLAIM. KEYS: queue pending leases depth done uses holders done_owner index fair
 -- band_low band_normal band_high (the jobs' hashes are named from the prefix)
 -- ARGV: owner, lease_ms, ttl_ms, max_completed -> false, or {job_id, request, age_ms,
--- attempt}; a queued job whose cancel was accepted (its replica was lost after the
--- request) ends cancelled here instead of running.
+-- attempt}; a queued job whose cancel was accepted (its replica handed it back after
+-- the request) ends cancelled here instead of running, as a cancelled pending job.
 -- The next job in the fair order (jobs/fair_queue.py), in one step for every
 -- replica: the non-empty band with the smallest pass (ties: the higher band), in it
 -- the smallest start tag (ties: the earlier admission); then that band's virtual
@@ -29,16 +29,20 @@ for _ = 1, 64 do
       if not first or seq < first then first, id = seq, other end
     end
   end
-  redis.call('ZREM', bkey, id)
-  if tonumber(tag) > fget('v:' .. best) then redis.call('HSET', K.fair, 'v:' .. best, tag) end
-  if pass > fget('gp') then redis.call('HSET', K.fair, 'gp', num(pass)) end
-  redis.call('HSET', K.fair, 'p:' .. best, num(pass + BAND_STRIDE[best]))
   local key = P .. 'job:' .. id
   local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt', 'cancel')
-  if f[1] == 'pending' and f[5] then
+  if f[1] ~= 'pending' then
+    redis.call('ZREM', bkey, id)  -- not a pending job (a stale entry): drop it
+  elseif f[5] then
+    -- its cancel was accepted while it ran (then it was handed back): it ends
+    -- cancelled as a pending job does, and the order does not move on
     terminate(id, 'cancelled', false, 'cancelled by request', tonumber(ARGV[3]),
               tonumber(ARGV[4]))
-  elseif f[1] == 'pending' then
+  else
+    redis.call('ZREM', bkey, id)
+    if tonumber(tag) > fget('v:' .. best) then redis.call('HSET', K.fair, 'v:' .. best, tag) end
+    if pass > fget('gp') then redis.call('HSET', K.fair, 'gp', num(pass)) end
+    redis.call('HSET', K.fair, 'p:' .. best, num(pass + BAND_STRIDE[best]))
     local now = now_ms()
     redis.call('HSET', key, 'state', 'running', 'owner', ARGV[1], 'started', now)
     redis.call('HINCRBY', K.fair, 'r:' .. (redis.call('HGET', key, 'principal') or ''), 1)
