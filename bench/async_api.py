@@ -12,8 +12,10 @@ Starts real model servers (``twistd -n mortred-model``, the fake model) pinned t
 2. wake latency: server-side terminal timestamp (``completed_at``) to the waiting
    client receiving its response;
 3. ``GET /jobs/{id}`` throughput at 1/16/64 connections, and a bare twisted.web
-   resource serving the same bytes in the same run (the ratio);
-4. end-to-end jobs/s with a zero-delay model (submit + wait + result), 16 clients;
+   resource serving the same bytes in the same run (the ratio), with each server's
+   CPU per request (``/proc``: much less blurred by a loaded VM than the rates);
+4. end-to-end jobs/s with a zero-delay model (submit + wait + result), 16 clients,
+   and the server's CPU per job;
 5. sync-path overhead: ``/infer`` latency minus the model's own run time
    (``Server-Timing: model;dur=``), p50/p99.
 
@@ -34,12 +36,14 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.configs import bench_server_toml  # noqa: E402
 from bench.httpload import Connection, Stats, run_clients, timed  # noqa: E402
+from bench.proc import cpu_seconds  # noqa: E402
 from tests.support.servers import free_port, model_server  # noqa: E402
 
 IMG = base64.b64encode(b"bench").decode()
@@ -148,6 +152,13 @@ async def sync_overhead(port: int, count: int) -> Stats:
     return await run_clients("127.0.0.1", port, 1, step, requests_per_client=count)
 
 
+def with_cpu(pid: int, load: Any) -> tuple[Stats, float]:
+    """Run ``load`` (a coroutine giving Stats); also µs of ``pid``'s CPU per request."""
+    before = cpu_seconds(pid)
+    stats = asyncio.run(load)
+    return stats, (cpu_seconds(pid) - before) / max(1, stats.count) * 1e6
+
+
 def row(name: str, stats: Stats, extra: str = "") -> str:
     return (
         f"| {name} | {stats.count} | {stats.pct(50):.2f} | {stats.pct(99):.2f} | "
@@ -203,20 +214,26 @@ def main() -> None:
         bare.stdout.readline()
         try:
             for clients in (1, 16, 64):
-                ours = asyncio.run(poll_throughput(srv.port, status_path, clients, args.duration))
-                base = asyncio.run(poll_throughput(bare_port, status_path, clients, args.duration))
+                ours, ours_cpu = with_cpu(
+                    srv.process.pid, poll_throughput(srv.port, status_path, clients, args.duration)
+                )
+                base, base_cpu = with_cpu(
+                    bare.pid, poll_throughput(bare_port, status_path, clients, args.duration)
+                )
                 ratio = ours.rate / base.rate if base.rate else float("nan")
-                rows.append(row(f"GET /jobs/{{id}}, {clients} conn", ours, f"{ratio:.0%} of bare"))
-                rows.append(row(f"bare twisted.web, {clients} conn", base))
+                note = f"{ratio:.0%} of bare; CPU {ours_cpu:.0f} µs/req = {ours_cpu / base_cpu:.0%}"
+                rows.append(row(f"GET /jobs/{{id}}, {clients} conn", ours, note))
+                bare_note = f"CPU {base_cpu:.0f} µs/req"
+                rows.append(row(f"bare twisted.web, {clients} conn", base, bare_note))
                 print(rows[-2], rows[-1], sep="\n", flush=True)
         finally:
             bare.terminate()
             bare.wait(10)
 
     with server(cfg, args.server_cpus) as srv:
-        stats = asyncio.run(end_to_end(srv.port, args.duration * 2))
+        stats, cpu_us = with_cpu(srv.process.pid, end_to_end(srv.port, args.duration * 2))
         rows.append(row("end to end: submit+wait+result, zero-delay model, 16 clients", stats,
-                        "rate = jobs/s"))  # fmt: skip
+                        f"rate = jobs/s; server CPU {cpu_us:.0f} µs/job"))  # fmt: skip
         print(rows[-1], flush=True)
         stats = asyncio.run(sync_overhead(srv.port, 1000))
         rows.append(row("sync /infer overhead (latency − model time), 1 client", stats))

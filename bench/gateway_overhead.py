@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.configs import bench_server_toml  # noqa: E402
 from bench.httpload import Connection, run_clients, timed  # noqa: E402
+from bench.proc import cpu_seconds  # noqa: E402
 from tests.support.servers import free_port, model_server  # noqa: E402
 
 TOKEN = "bench-gateway-token"
@@ -209,12 +210,6 @@ async def load(port: int, method: str, path: str, token: str, clients: int, dura
     if cpus is not None:
         return await asyncio.to_thread(wrk_load, port, method, path, token, clients, duration, cpus)
     return await python_load(port, method, path, token, clients, duration)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

@@ -120,7 +120,8 @@ def job_lives(n):
         submitter.dataReceived(submit)
         job_id = json.loads(sent.value().partition(b"\r\n\r\n")[2])["job_id"].encode()
         sent.clear()
-        waiter.dataReceived(b"GET /jobs/%s/wait?timeout=10 HTTP/1.1\r\nHost: localhost\r\n\r\n" % job_id)
+        wait = b"GET /jobs/%s/wait?timeout=10 HTTP/1.1\r\nHost: localhost\r\n\r\n" % job_id
+        waiter.dataReceived(wait)
         settle()
         assert b'"done"' in woken.value(), woken.value()[-300:]
         woken.clear()

@@ -44,6 +44,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.proc import cpu_seconds  # noqa: E402
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -281,13 +283,6 @@ async def bare_p99(port: int, per_client: int) -> Any:
     return await run_clients("127.0.0.1", port, 32, step, requests_per_client=per_client)
 
 
-def _cpu_s(pid: int) -> float:
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _pin(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` (threads started later inherit it)."""
     import contextlib
@@ -325,9 +320,9 @@ def pinned_submits(fleet: Fleet, redis_pid: int, per_client: int) -> tuple[Any, 
     os.sched_setaffinity(0, {1})
     try:
         asyncio.run(submit_p99(fleet.port, 5))  # warm-up
-        before = _cpu_s(pid)
+        before = cpu_seconds(pid)
         stats = asyncio.run(submit_p99(fleet.port, per_client))
-        cpu_us = (_cpu_s(pid) - before) / max(1, stats.count) * 1e6
+        cpu_us = (cpu_seconds(pid) - before) / max(1, stats.count) * 1e6
     finally:
         os.sched_setaffinity(0, mine)
         _pin(pid, mine)
@@ -365,9 +360,9 @@ def yardstick(per_client: int, stack: str = "twisted") -> tuple[Any, float]:
         os.sched_setaffinity(0, {1})
         try:
             asyncio.run(bare_p99(port, 5))
-            before = _cpu_s(bare.pid)
+            before = cpu_seconds(bare.pid)
             stats = asyncio.run(bare_p99(port, per_client))
-            cpu_us = (_cpu_s(bare.pid) - before) / max(1, stats.count) * 1e6
+            cpu_us = (cpu_seconds(bare.pid) - before) / max(1, stats.count) * 1e6
         finally:
             os.sched_setaffinity(0, mine)
             bare.terminate()
