@@ -12,8 +12,10 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
     mortred:{<id>}:depth         STRING admitted non-terminal jobs (invariant 3)
     mortred:{<id>}:queue         STREAM (no longer written: CLAIM takes the fair
                                         order below; kept for its consumer group)
-    mortred:{<id>}:band_<b>      ZSET   pending job of priority band <b> (low, normal,
-                                        high) -> its start tag (jobs/fair_queue.py)
+    mortred:{<id>}:band_<b>      ZSET   "<seq, 15 digits>:<job_id>" of each pending job
+                                        of priority band <b> (low, normal, high) -> its
+                                        start tag (jobs/fair_queue.py); equal tags
+                                        sort by member, i.e. by admission
     mortred:{<id>}:fair          HASH   v:<b> band virtual time, p:<b> band pass, gp
                                         the last start's pass, f:<b>:<caller> a flow's
                                         finish tag, a:<caller> pending + running jobs

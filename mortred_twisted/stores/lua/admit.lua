@@ -51,6 +51,6 @@ redis.call('HSET', K.fair, flow, num(fin))
 redis.call('HINCRBY', K.fair, 'a:' .. caller, 1)
 redis.call('HSET', K.fair, 'l:' .. caller, ARGV[11])
 redis.call('HSET', key, 'band', band, 'tag', num(start), 'fin', num(fin))
-redis.call('ZADD', K['band_' .. band], num(start), id)
+redis.call('ZADD', K['band_' .. band], num(start), band_member(seq, id))
 redis.call('PUBLISH', CHANNEL, 'q ' .. id)
 return {1, d + 1, id}

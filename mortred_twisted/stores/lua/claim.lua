@@ -20,26 +20,19 @@ for _ = 1, 64 do
   if not best then return false end
   local bkey = K['band_' .. best]
   local head = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
-  local id, tag = head[1], head[2]
-  local tied = redis.call('ZRANGEBYSCORE', bkey, tag, tag)
-  if #tied > 1 then
-    local first = nil
-    for _, other in ipairs(tied) do
-      local seq = tonumber(redis.call('HGET', P .. 'job:' .. other, 'seq') or '0')
-      if not first or seq < first then first, id = seq, other end
-    end
-  end
+  local member, tag = head[1], head[2]
+  local id = member_id(member)
   local key = P .. 'job:' .. id
   local f = redis.call('HMGET', key, 'state', 'request', 'created', 'attempt', 'cancel')
   if f[1] ~= 'pending' then
-    redis.call('ZREM', bkey, id)  -- not a pending job (a stale entry): drop it
+    redis.call('ZREM', bkey, member)  -- not a pending job (a stale entry): drop it
   elseif f[5] then
     -- its cancel was accepted while it ran (then it was handed back): it ends
     -- cancelled as a pending job does, and the order does not move on
     terminate(id, 'cancelled', false, 'cancelled by request', tonumber(ARGV[3]),
               tonumber(ARGV[4]))
   else
-    redis.call('ZREM', bkey, id)
+    redis.call('ZREM', bkey, member)
     if tonumber(tag) > fget('v:' .. best) then redis.call('HSET', K.fair, 'v:' .. best, tag) end
     if pass > fget('gp') then redis.call('HSET', K.fair, 'gp', num(pass)) end
     redis.call('HSET', K.fair, 'p:' .. best, num(pass + BAND_STRIDE[best]))

@@ -86,7 +86,9 @@ local function evict_over(max_completed)
   end
 end
 -- The fair order (jobs/fair_queue.py, the same integer arithmetic): pending jobs in
--- one ZSET per band scored by start tag; K.fair holds each band's virtual time
+-- one ZSET per band scored by start tag, each member "<admission sequence, 15
+-- digits>:<job id>" (a ZSET orders equal scores by member: the band's order is the
+-- ZSET's, ties to the earlier admission, so a pick or a rank reads no job); K.fair holds each band's virtual time
 -- (v:<band>) and pass (p:<band>), the last start's pass (gp), each flow's finish tag
 -- (f:<band>:<caller>), each caller's pending + running jobs (a:<caller>), its running
 -- jobs (r:<caller>) and the limit it was last admitted under (l:<caller>).
@@ -96,6 +98,8 @@ local BAND_WEIGHT = {low = 1, normal = 4, high = 16}
 local BAND_STRIDE = {low = 16, normal = 4, high = 1}
 local function num(x) return string.format('%.0f', x) end
 local function fget(field) return tonumber(redis.call('HGET', K.fair, field) or '0') end
+local function band_member(seq, id) return string.format('%015.0f', tonumber(seq) or 0) .. ':' .. id end
+local function member_id(member) return string.match(member, '^%d+:(.+)$') or member end
 -- A band that becomes non-empty gets no credit for its idle time.
 local function band_wakes(band)
   if redis.call('ZCARD', K['band_' .. band]) == 0 then
@@ -106,11 +110,11 @@ end
 -- A job ends: its caller holds one job less; a pending one leaves its band and, if
 -- it was its flow's last, gives its virtual time back (as FairQueue.release).
 local function fair_release(id, key, was_pending)
-  local f = redis.call('HMGET', key, 'band', 'tag', 'fin', 'principal')
+  local f = redis.call('HMGET', key, 'band', 'tag', 'fin', 'principal', 'seq')
   if not f[1] then return end
   local caller = f[4] or ''
   if was_pending then
-    redis.call('ZREM', K['band_' .. f[1]], id)
+    redis.call('ZREM', K['band_' .. f[1]], band_member(f[5], id))
     local flow = 'f:' .. f[1] .. ':' .. caller
     if redis.call('HGET', K.fair, flow) == f[3] then redis.call('HSET', K.fair, flow, f[2]) end
   elseif redis.call('HINCRBY', K.fair, 'r:' .. caller, -1) <= 0 then
@@ -127,24 +131,17 @@ end
 -- attempt, now, cancel, queue position (pending: 1 = next; else 0)} or false.
 local function view(id)
   local f = redis.call('HMGET', P .. 'job:' .. id, 'state', 'task', 'created', 'started',
-                       'completed', 'error', 'progress', 'attempt', 'cancel', 'principal')
+                       'completed', 'error', 'progress', 'attempt', 'cancel', 'principal',
+                       'band', 'seq')
   if not f[1] then return false end
   local position = 0
-  local band = f[1] == 'pending' and redis.call('HGET', P .. 'job:' .. id, 'band')
-  local tag = band and redis.call('ZSCORE', K['band_' .. band], id)
-  if tag then
-    -- its rank in its band's order (ties: admission sequence), plus what the other
-    -- bands start meanwhile by their share (FairQueue.position)
-    local bkey = K['band_' .. band]
-    position = redis.call('ZCOUNT', bkey, '-inf', '(' .. tag) + 1
-    local mine = tonumber(redis.call('HGET', P .. 'job:' .. id, 'seq') or '0')
-    for _, other in ipairs(redis.call('ZRANGEBYSCORE', bkey, tag, tag)) do
-      if other ~= id then
-        local seq = tonumber(redis.call('HGET', P .. 'job:' .. other, 'seq') or '0')
-        if seq < mine then position = position + 1 end
-      end
-    end
-    local rank = position
+  local band = f[1] == 'pending' and f[11]
+  local rank = band and redis.call('ZRANK', K['band_' .. band], band_member(f[12], id))
+  if rank then
+    -- its rank in its band's order, plus what the other bands start meanwhile by
+    -- their share (FairQueue.position)
+    rank = rank + 1
+    position = rank
     for _, b in ipairs(BANDS) do
       if b ~= band then
         local n = redis.call('ZCARD', K['band_' .. b])
@@ -200,12 +197,12 @@ local function requeue(id, key, attempt)
   redis.call('ZREM', K.leases, id)
   redis.call('ZADD', K.pending, redis.call('HGET', key, 'created'), id)
   -- back into its band with its own start tag: it keeps its place in the order
-  local f = redis.call('HMGET', key, 'band', 'tag', 'principal')
+  local f = redis.call('HMGET', key, 'band', 'tag', 'principal', 'seq')
   local band = f[1] or 'normal'
   if f[1] and redis.call('HINCRBY', K.fair, 'r:' .. (f[3] or ''), -1) <= 0 then
     redis.call('HDEL', K.fair, 'r:' .. (f[3] or ''))
   end
   band_wakes(band)
-  redis.call('ZADD', K['band_' .. band], f[2] or num(fget('v:' .. band)), id)
+  redis.call('ZADD', K['band_' .. band], f[2] or num(fget('v:' .. band)), band_member(f[4], id))
   redis.call('PUBLISH', CHANNEL, 'q ' .. id)
 end
