@@ -237,10 +237,13 @@ class RedisFairMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.known))
     @rule(data=st.data(), via=st.integers(0, 1))
     def poll(self, data: st.DataObject, via: int) -> None:
-        """A poll is a use of a finished job (retention's least recently used)."""
+        """A poll is a use of a finished job (retention's least recently used); a
+        pending job's position is the spec's."""
         job_id = data.draw(st.sampled_from(self.known))
         snap = on_reactor(self.replicas[via].snapshot, job_id)
         assert (snap is not None) == (job_id in self.owner or job_id in self.kept)
+        if snap is not None:  # a pending job's queue position is the spec's estimate
+            assert snap.queue_position == self.fair.position(job_id)
         self.kept.touch(job_id)
 
     # -- invariants ------------------------------------------------------------------
