@@ -54,12 +54,14 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
 
     A box is suppressed when its IoU with an already kept, higher-scoring box is
     strictly greater than ``iou_threshold`` (torchvision's rule). Ties in score keep
-    the lower index first (stable sort).
+    the lower index first (stable sort). Memory is ``O(N)``: the IoU of each kept box
+    against the rest is computed when it is kept, never the ``N x N`` matrix (12,288
+    SAM masks would need ~4 GB for it and its temporaries).
     """
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
     order = torch.sort(scores, descending=True, stable=True).indices
-    iou = box_iou(boxes[order], boxes[order])
+    ordered = boxes[order]
     n = order.numel()
     suppressed = torch.zeros(n, dtype=torch.bool)
     keep: list[int] = []
@@ -67,5 +69,5 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
         if suppressed[i]:
             continue
         keep.append(i)
-        suppressed |= iou[i] > iou_threshold
+        suppressed[i + 1 :] |= box_iou(ordered[i : i + 1], ordered[i + 1 :])[0] > iou_threshold
     return order[torch.tensor(keep, dtype=torch.long)]

@@ -2,28 +2,38 @@
 
 The model is reached through :class:`~.prompter.SamPrompter` (image embedding once,
 point prompts in batches through the prompt encoder and mask decoder) or, for our own
-segmenter, :class:`~.prompter.NetworkPrompter`; the algorithm is ours. One crop (the
-whole picture), for one image:
+segmenter, :class:`~.prompter.NetworkPrompter`; the algorithm is ours. For one image,
+for each crop (:mod:`.crops`: the whole picture, plus ``crop_n_layers`` layers of
+overlapping crops):
 
-1. preprocess the picture (a ``SamModel``'s image processor: longest side to the
+1. preprocess the crop (a ``SamModel``'s image processor: longest side to the
    model's input, padded; our segmenter: letterbox) and run the image encoder **once**;
-2. prompt with a ``points_per_side`` x ``points_per_side`` grid of points (cell
-   centres), ``points_per_batch`` at a time; each point yields ``K`` (3) masks;
+2. prompt with the layer's grid of points (cell centres; ``points_per_side`` per
+   side, divided by ``crop_n_points_downscale_factor`` per layer),
+   ``points_per_batch`` at a time; each point yields ``K`` (3) masks;
 3. keep masks whose predicted IoU is ``> pred_iou_thresh`` and whose stability score
    (:func:`stability_score`, offset ``stability_score_offset``) is
-   ``> stability_score_thresh`` - both on the decoder's low-resolution logits over the
-   picture's area (64 px for the shipped model, 256 px for SAM ViT-B/L/H), so the cost
-   does not grow with the picture;
+   ``> stability_score_thresh``, and whose box does not touch an inner crop edge -
+   all on the decoder's low-resolution logits over the crop's area (64 px for the
+   shipped model, 256 px for SAM ViT-B/L/H), so the cost does not grow with the
+   picture; at most :data:`CANDIDATES_PER_CROP` candidates (highest predicted IoU)
+   are held;
 4. after every batch: ``progress(batches_done, batches_total)``, then
    ``check_cancelled()``;
-5. greedy box NMS over the masks' boxes at ``box_nms_thresh``, scored by predicted IoU;
-   the survivors' logits are resized to the picture's size and thresholded at 0;
-6. if ``min_mask_region_area > 0``: remove holes and islands smaller than that (pixels)
+5. greedy box NMS within the crop at ``box_nms_thresh``, scored by predicted IoU;
+6. with several crops: box NMS across crops at ``crop_nms_thresh``, preferring masks
+   of smaller crops;
+7. the ``max_masks`` survivors with the highest predicted IoU are resized to their
+   crop's size, thresholded at 0 and placed in the picture - the only full-size
+   masks ever held, so one image costs at most ``max_masks`` x its pixels;
+8. if ``min_mask_region_area > 0``: remove holes and islands smaller than that (pixels)
    from each mask, then NMS again preferring unchanged masks (as SAM does).
 
 Mask records follow SAM: ``segmentation`` (a boolean array here; the serving layer
 encodes it), ``area`` (pixels), ``bbox`` ``[x, y, w, h]`` (COCO, pixels),
-``predicted_iou``, ``stability_score``, ``point_coords`` ``[[x, y]]`` (picture pixels).
+``predicted_iou``, ``stability_score``, ``point_coords`` ``[[x, y]]`` (picture
+pixels), ``crop_box`` ``[x, y, w, h]`` (the crop the mask came from); records are in
+decreasing predicted IoU.
 """
 
 from __future__ import annotations
@@ -37,7 +47,26 @@ import torch
 import torch.nn.functional as F
 
 from mortred_twisted.models.detection.ops import nms
+from mortred_twisted.models.segment_anything.crops import (
+    CropBox,
+    crops_per_layer,
+    generate_crop_boxes,
+    is_box_near_crop_edge,
+    point_grid_in_crop,
+    points_per_side_of_layer,
+    uncrop_boxes,
+    uncrop_masks,
+    uncrop_points,
+)
 from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
+
+#: Upper bound of ``max_masks`` (full-size masks kept per image): with the 1024 x 1024
+#: pixel limit of SAM_AMG, 256 masks are 256 MiB of booleans.
+MAX_MASKS = 256
+#: Candidates (low-resolution logits) held per crop before NMS, highest predicted IoU
+#: first: bounds the memory of a grid of 64 x 64 points with every filter open
+#: (12,288 candidates) to 1,024 x the low-resolution crop area.
+CANDIDATES_PER_CROP = 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,11 @@ class AmgConfig:
     box_nms_thresh: float = 0.7
     min_mask_region_area: int = 0
     mask_threshold: float = 0.0
+    crop_n_layers: int = 0
+    crop_overlap_ratio: float = 512 / 1500
+    crop_n_points_downscale_factor: int = 1
+    crop_nms_thresh: float = 0.7
+    max_masks: int = MAX_MASKS
 
 
 def build_point_grid(n: int) -> np.ndarray:
@@ -149,6 +183,26 @@ def remove_small_regions(mask: np.ndarray, area_thresh: int, mode: str) -> tuple
     return np.isin(labels, keep), True
 
 
+@dataclass
+class _CropMasks:
+    """One crop's masks after its NMS: low-resolution logits over the crop's area and
+    their records' fields, boxes and points in picture coordinates."""
+
+    crop_box: CropBox
+    logits: torch.Tensor  # (N, h, w) over the crop
+    ious: torch.Tensor
+    stabs: torch.Tensor
+    points: torch.Tensor  # (N, 2)
+    boxes: torch.Tensor  # (N, 4), picture pixels (approximate: from the low-res masks)
+
+
+def _top_by_iou(ious: torch.Tensor, limit: int) -> torch.Tensor | None:
+    """Indices of the ``limit`` highest ``ious`` (stable), or None when within it."""
+    if len(ious) <= limit:
+        return None
+    return torch.sort(ious, descending=True, stable=True).indices[:limit]
+
+
 class AutomaticMaskGenerator:
     """Runs the AMG with one prompter; thread contract: one call at a time per instance
     (the prompter's model is shared read-only)."""
@@ -157,9 +211,15 @@ class AutomaticMaskGenerator:
         self.prompter = prompter
 
     def batches(self, config: AmgConfig) -> int:
-        """Number of prompt batches one image takes (the progress total per image)."""
-        n = config.points_per_side**2
-        return -(-n // config.points_per_batch)
+        """Number of prompt batches one image takes (the progress total per image):
+        the same for every picture size."""
+        total = 0
+        for layer, crops in enumerate(crops_per_layer(config.crop_n_layers)):
+            side = points_per_side_of_layer(
+                config.points_per_side, layer, config.crop_n_points_downscale_factor
+            )
+            total += crops * -(-(side**2) // config.points_per_batch)
+        return total
 
     @torch.inference_mode()
     def generate(
@@ -174,95 +234,189 @@ class AutomaticMaskGenerator:
         it may raise to stop the run).
         """
         h, w = rgb.shape[:2]
-        embedded = self.prompter.embed(rgb)
-        valid_h, valid_w = embedded.valid_h, embedded.valid_w
-        points = build_point_grid(config.points_per_side) * np.array([w, h])
-        kept_logits: list[torch.Tensor] = []
-        kept_iou: list[torch.Tensor] = []
-        kept_stab: list[torch.Tensor] = []
-        kept_pts: list[torch.Tensor] = []
-        for start in range(0, len(points), config.points_per_batch):
-            pts = torch.from_numpy(points[start : start + config.points_per_batch]).float()
-            logits, iou = self.prompter.predict_points(embedded, pts)
-            k = logits.shape[1]
-            # Filters run on the low-resolution logits over the picture's area, so a
-            # large picture costs no more than a small one until the survivors are
-            # resized; IoU-based NMS is unchanged by the (near) uniform scale.
-            logits = logits.flatten(0, 1)
-            iou = iou.flatten()
-            pts_rep = pts.repeat_interleave(k, 0)
-            stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)
-            keep = (iou > config.pred_iou_thresh) & (stab > config.stability_score_thresh)
-            keep &= (logits > config.mask_threshold).flatten(1).any(1)
-            kept_logits.append(logits[keep])
-            kept_iou.append(iou[keep])
-            kept_stab.append(stab[keep])
-            kept_pts.append(pts_rep[keep])
-            if on_batch is not None:
-                on_batch()
-        low = torch.cat(kept_logits)
-        if not len(low):
+        crops = [
+            self._process_crop(rgb, box, layer, config, on_batch)
+            for box, layer in generate_crop_boxes(
+                w, h, config.crop_n_layers, config.crop_overlap_ratio
+            )
+        ]
+        index = [(c, i) for c in range(len(crops)) for i in range(len(crops[c].ious))]
+        if not index:
             return []
-        ious, stabs, pts_all = torch.cat(kept_iou), torch.cat(kept_stab), torch.cat(kept_pts)
-        order = nms(masks_to_boxes_xyxy(low > config.mask_threshold), ious, config.box_nms_thresh)
-        low, ious, stabs, pts_all = low[order], ious[order], stabs[order], pts_all[order]
-        if (valid_h, valid_w) != (h, w):
-            masks = torch.cat(
+        if len(crops) > 1:
+            # Duplicates across crops: the mask of the smaller crop wins (SAM scores
+            # them 1 / crop area), then the higher predicted IoU.
+            boxes = torch.cat([c.boxes for c in crops])
+            ious = torch.cat([c.ious for c in crops])
+            areas = torch.tensor(
                 [
-                    F.interpolate(
-                        chunk[:, None], size=(h, w), mode="bilinear", align_corners=False
-                    )[:, 0]
-                    > config.mask_threshold
-                    for chunk in low.split(16)
+                    float((b[2] - b[0]) * (b[3] - b[1]))
+                    for b in (crops[c].crop_box for c, _ in index)
                 ]
             )
-        else:
-            masks = low > config.mask_threshold
-        nonempty = masks.flatten(1).any(1)
-        masks, ious, stabs, pts_all = (
-            masks[nonempty],
-            ious[nonempty],
-            stabs[nonempty],
-            pts_all[nonempty],
-        )
-        if config.min_mask_region_area > 0 and len(masks):
-            masks, ious, stabs, pts_all = self._postprocess_small_regions(
-                masks, ious, stabs, pts_all, config
-            )
+            rank = np.lexsort((-ious.numpy(), areas.numpy()))
+            scores = torch.empty(len(index))
+            scores[torch.from_numpy(rank)] = -torch.arange(len(index), dtype=torch.float32)
+            kept = nms(boxes, scores, config.crop_nms_thresh)
+            index = [index[i] for i in kept.tolist()]
+        ious = torch.stack([crops[c].ious[i] for c, i in index])
+        order = torch.sort(ious, descending=True, stable=True).indices[: config.max_masks]
+        index = [index[i] for i in order.tolist()]
+        # The only full-size masks: written in place, chunk by chunk, never copied
+        # (records hold views of rows of this one tensor).
+        masks = torch.zeros((len(index), h, w), dtype=torch.bool)
+        for c, crop in enumerate(crops):
+            rows = [r for r, (cc, _) in enumerate(index) if cc == c]
+            for start in range(0, len(rows), 16):
+                chunk = rows[start : start + 16]
+                picked = crop.logits[torch.tensor([index[r][1] for r in chunk])]
+                uncrop_masks(
+                    self._upscale(picked, crop.crop_box, config), crop.crop_box, masks, chunk
+                )
+        ious = torch.stack([crops[c].ious[i] for c, i in index])
+        order = torch.sort(ious, descending=True, stable=True).indices[: config.max_masks]
+        index = [index[i] for i in order.tolist()]
+        # The only full-size masks: written in place, chunk by chunk, never copied
+        # (records hold views of rows of this one tensor).
+        masks = torch.zeros((len(index), h, w), dtype=torch.bool)
+        for c, crop in enumerate(crops):
+            rows = [r for r, (cc, _) in enumerate(index) if cc == c]
+            for start in range(0, len(rows), 16):
+                chunk = rows[start : start + 16]
+                picked = crop.logits[torch.tensor([index[r][1] for r in chunk])]
+                x0, y0, x1, y1 = crop.crop_box
+                masks[chunk[0] : chunk[-1] + 1, y0:y1, x0:x1] = (
+                    self._upscale(picked, crop.crop_box, config)
+                    if chunk == list(range(chunk[0], chunk[-1] + 1))
+                    else masks[chunk[0] : chunk[-1] + 1, y0:y1, x0:x1]
+                )
+                if chunk != list(range(chunk[0], chunk[-1] + 1)):
+                    masks[chunk, y0:y1, x0:x1] = self._upscale(picked, crop.crop_box, config)
+        ious = torch.stack([crops[c].ious[i] for c, i in index])
+        stabs = torch.stack([crops[c].stabs[i] for c, i in index])
+        pts_all = torch.stack([crops[c].points[i] for c, i in index])
+        crop_boxes = [crops[c].crop_box for c, _ in index]
+        rows_kept = torch.nonzero(masks.flatten(1).any(1)).flatten()
+        if config.min_mask_region_area > 0 and len(rows_kept):
+            rows_kept = self._postprocess_small_regions(masks, ious, rows_kept, config)
         boxes = masks_to_boxes_xyxy(masks)
         records = []
-        for m, b, i, s, p in zip(masks, boxes, ious, stabs, pts_all, strict=True):
-            x1, y1, x2, y2 = (int(v) for v in b.tolist())
+        for r in rows_kept.tolist():
+            m, (x1, y1, x2, y2), p, cb = (
+                masks[r],
+                boxes[r].int().tolist(),
+                pts_all[r],
+                crop_boxes[r],
+            )
             records.append(
                 {
                     "segmentation": m.numpy(),
                     "area": int(m.sum()),
                     "bbox": [x1, y1, x2 - x1, y2 - y1],
-                    "predicted_iou": round(float(i), 6),
-                    "stability_score": round(float(s), 6),
+                    "predicted_iou": round(float(ious[r]), 6),
+                    "stability_score": round(float(stabs[r]), 6),
                     "point_coords": [[round(float(p[0]), 2), round(float(p[1]), 2)]],
+                    "crop_box": [cb[0], cb[1], cb[2] - cb[0], cb[3] - cb[1]],
                 }
             )
         return records
 
+    def _process_crop(
+        self,
+        rgb: np.ndarray,
+        crop_box: CropBox,
+        layer: int,
+        config: AmgConfig,
+        on_batch: Callable[[], None] | None,
+    ) -> _CropMasks:
+        """Embed one crop once, prompt its grid in batches, filter, NMS within it."""
+        x0, y0, x1, y1 = crop_box
+        h, w = rgb.shape[:2]
+        crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
+        embedded = self.prompter.embed(crop)
+        to_crop = torch.tensor(
+            [(x1 - x0) / embedded.valid_w, (y1 - y0) / embedded.valid_h] * 2
+        )  # low-res px -> crop px
+        side = points_per_side_of_layer(
+            config.points_per_side, layer, config.crop_n_points_downscale_factor
+        )
+        points = point_grid_in_crop(build_point_grid(side), crop_box)
+        logits_all = torch.zeros(0, embedded.valid_h, embedded.valid_w)
+        iou_all, stab_all = torch.zeros(0), torch.zeros(0)
+        pts_all, boxes_all = torch.zeros(0, 2), torch.zeros(0, 4)
+        for start in range(0, len(points), config.points_per_batch):
+            pts = torch.from_numpy(points[start : start + config.points_per_batch]).float()
+            logits, iou = self.prompter.predict_points(embedded, pts)
+            k = logits.shape[1]
+            # Filters run on the low-resolution logits over the crop's area, so a
+            # large picture costs no more than a small one until the survivors are
+            # resized; IoU-based NMS is unchanged by the (near) uniform scale.
+            logits = logits.flatten(0, 1)
+            iou = iou.flatten()
+            stab = stability_score(logits, config.mask_threshold, config.stability_score_offset)
+            keep = (iou > config.pred_iou_thresh) & (stab > config.stability_score_thresh)
+            keep &= (logits > config.mask_threshold).flatten(1).any(1)
+            logits, iou, stab = logits[keep], iou[keep], stab[keep]
+            pts_rep = pts.repeat_interleave(k, 0)[keep]
+            boxes = uncrop_boxes(
+                masks_to_boxes_xyxy(logits > config.mask_threshold) * to_crop, crop_box
+            )
+            inside = ~is_box_near_crop_edge(boxes, crop_box, (0, 0, w, h))
+            logits_all = torch.cat([logits_all, logits[inside]])
+            iou_all = torch.cat([iou_all, iou[inside]])
+            stab_all = torch.cat([stab_all, stab[inside]])
+            pts_all = torch.cat([pts_all, uncrop_points(pts_rep[inside], crop_box)])
+            boxes_all = torch.cat([boxes_all, boxes[inside]])
+            top = _top_by_iou(iou_all, CANDIDATES_PER_CROP)
+            if top is not None:
+                logits_all, iou_all, stab_all = logits_all[top], iou_all[top], stab_all[top]
+                pts_all, boxes_all = pts_all[top], boxes_all[top]
+            if on_batch is not None:
+                on_batch()
+        order = nms(boxes_all, iou_all, config.box_nms_thresh)[: config.max_masks]
+        return _CropMasks(
+            crop_box,
+            logits_all[order],
+            iou_all[order],
+            stab_all[order],
+            pts_all[order],
+            boxes_all[order],
+        )
+
+    @staticmethod
+    def _upscale(logits: torch.Tensor, crop_box: CropBox, config: AmgConfig) -> torch.Tensor:
+        """Low-resolution logits ``(N, h, w)`` -> boolean masks at the crop's size (the
+        caller passes at most 16 at a time: the float intermediate is 4 bytes a pixel)."""
+        x0, y0, x1, y1 = crop_box
+        size = (y1 - y0, x1 - x0)
+        if tuple(logits.shape[1:]) == size:
+            return logits > config.mask_threshold
+        return torch.cat(
+            [
+                F.interpolate(chunk[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+                > config.mask_threshold
+                for chunk in logits.split(16)
+            ]
+        )
+
     @staticmethod
     def _postprocess_small_regions(
-        masks: torch.Tensor,
-        ious: torch.Tensor,
-        stabs: torch.Tensor,
-        pts: torch.Tensor,
-        config: AmgConfig,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        cleaned, unchanged = [], []
-        for m in masks.numpy():
-            m, holes = remove_small_regions(m, config.min_mask_region_area, "holes")
+        masks: torch.Tensor, ious: torch.Tensor, rows: torch.Tensor, config: AmgConfig
+    ) -> torch.Tensor:
+        """Clean the masks of ``rows`` in place (no second full-size copy), then NMS
+        preferring the unchanged masks; the surviving rows in decreasing predicted IoU."""
+        unchanged = []
+        array = masks.numpy()
+        for j in rows.tolist():
+            m, holes = remove_small_regions(array[j], config.min_mask_region_area, "holes")
             m, islands = remove_small_regions(m, config.min_mask_region_area, "islands")
-            cleaned.append(m)
+            array[j] = m
             unchanged.append(0.0 if (holes or islands) else 1.0)
-        new = torch.from_numpy(np.stack(cleaned))
-        nonempty = new.flatten(1).any(1)
-        new, ious, stabs, pts = new[nonempty], ious[nonempty], stabs[nonempty], pts[nonempty]
-        scores = torch.tensor(unchanged)[nonempty]
-        order = nms(masks_to_boxes_xyxy(new), scores, config.box_nms_thresh)
-        order = order[torch.argsort(-ious[order], stable=True)]
-        return new[order], ious[order], stabs[order], pts[order]
+        boxes = masks_to_boxes_xyxy(masks)[rows]
+        nonempty = torch.stack([masks[j].any() for j in rows.tolist()])
+        scores = torch.tensor(unchanged)
+        scores[~nonempty] = -1.0
+        order = nms(boxes, scores, config.box_nms_thresh)
+        order = order[nonempty[order]]
+        order = order[torch.argsort(-ious[rows[order]], stable=True)]
+        return rows[order]

@@ -28,6 +28,7 @@ batches (a cancelled run raises :class:`RunCancelled`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -58,7 +59,11 @@ from mortred_twisted.models.classification.weights import (
 from mortred_twisted.models.codec import decode_image, png_base64
 from mortred_twisted.models.params import ParamSpec
 from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
-from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.segment_anything.amg import (
+    MAX_MASKS,
+    AmgConfig,
+    AutomaticMaskGenerator,
+)
 from mortred_twisted.models.segment_anything.network import PromptableSegmenter
 from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
 
@@ -149,14 +154,53 @@ class SamAmgModel(Model):
             "points_per_batch",
             int,
             minimum=1,
-            maximum=4096,
-            description="prompts decoded per batch (one progress step each)",
+            maximum=256,
+            description="prompts decoded per batch (one progress step each); at most 256 "
+            "bounds the decoder's working memory",
         ),
         ParamSpec("pred_iou_thresh", float, minimum=0.0, maximum=1.0),
         ParamSpec("stability_score_thresh", float, minimum=0.0, maximum=1.0),
         ParamSpec("stability_score_offset", float, minimum=0.0, maximum=100.0),
         ParamSpec("box_nms_thresh", float, minimum=0.0, maximum=1.0),
         ParamSpec("min_mask_region_area", int, minimum=0, maximum=1 << 24),
+        ParamSpec(
+            "crop_n_layers",
+            int,
+            minimum=0,
+            maximum=3,
+            description="extra layers of overlapping crops (layer i: 2^i x 2^i crops), "
+            "each embedded once; 0 = the whole picture only",
+        ),
+        ParamSpec(
+            "crop_overlap_ratio",
+            float,
+            minimum=0.0,
+            maximum=0.9,
+            description="overlap of neighbouring crops, as a share of the picture's short "
+            "side (scaled by 2 / crops per side)",
+        ),
+        ParamSpec(
+            "crop_n_points_downscale_factor",
+            int,
+            minimum=1,
+            maximum=16,
+            description="each crop layer's point grid has this factor fewer points per side",
+        ),
+        ParamSpec(
+            "crop_nms_thresh",
+            float,
+            minimum=0.0,
+            maximum=1.0,
+            description="box IoU above which a mask of a larger crop is dropped",
+        ),
+        ParamSpec(
+            "max_masks",
+            int,
+            minimum=1,
+            maximum=MAX_MASKS,
+            description="masks returned per image at most (highest predicted IoU first); "
+            "bounds the full-size masks held",
+        ),
         ParamSpec("output_mode", str, default="uncompressed_rle", choices=OUTPUT_MODES),
         ParamSpec(
             "return_overlay",
@@ -190,10 +234,12 @@ class SamAmgModel(Model):
             ctx.progress(done, total)
             ctx.check_cancelled()
 
-        results = []
-        for rgb in pictures:
-            records = self.generator.generate(rgb, config, on_batch)
-            results.append(self._format(rgb, records, request.params))
+        # Each image's full-size masks are encoded and dropped before the next image
+        # is segmented: one request holds at most one image's max_masks masks.
+        results = [
+            self._format(rgb, self.generator.generate(rgb, config, on_batch), request.params)
+            for rgb in pictures
+        ]
         return results[0] if len(results) == 1 else {"results": results}
 
     @staticmethod
@@ -229,13 +275,15 @@ def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
         kind = type(getattr(defaults, f.name))
         values[f.name] = option(options, f.name, getattr(defaults, f.name), kind)
     config = AmgConfig(**values)
-    if config.points_per_side < 1 or config.points_per_batch < 1 or config.min_mask_region_area < 0:
-        raise ModelLoadError(
-            "points_per_side and points_per_batch must be >= 1, min_mask_region_area >= 0"
-        )
-    for key in ("pred_iou_thresh", "stability_score_thresh", "box_nms_thresh"):
-        if not 0.0 <= getattr(config, key) <= 1.0:
-            raise ModelLoadError(f"{key} must lie in [0, 1]")
+    # The same ranges as the request params (a config must not allow what a request
+    # may not).
+    for spec in SamAmgModel.params_schema:
+        if spec.name in _AMG_KEYS:
+            value = getattr(config, spec.name)
+            low = -math.inf if spec.minimum is None else spec.minimum
+            high = math.inf if spec.maximum is None else spec.maximum
+            if not low <= value <= high:
+                raise ModelLoadError(f"{spec.name} must lie in [{spec.minimum}, {spec.maximum}]")
     return config
 
 
