@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy import ndimage
 
 from mortred_twisted.data.scenes import scene_split
@@ -73,7 +74,10 @@ def point_miou(prompter: SamPrompter | NetworkPrompter, scenes: list[Any]) -> fl
             continue
         pts = torch.tensor([innermost_point(m) for m in scene.masks], dtype=torch.float32)
         logits, iou = prompter.predict_points(prompter.embed(scene.image), pts)
-        best = logits[torch.arange(len(pts)), iou.argmax(1)] > 0
+        best = logits[torch.arange(len(pts)), iou.argmax(1)]
+        if best.shape[-2:] != scene.masks.shape[-2:]:  # finer low-res masks: as the AMG
+            best = F.interpolate(best[:, None], size=scene.masks.shape[-2:], mode="bilinear")[:, 0]
+        best = best > 0
         ious.extend(np.diag(mask_iou(best.numpy(), scene.masks)).tolist())
     return float(np.mean(ious))
 

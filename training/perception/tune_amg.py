@@ -2,7 +2,7 @@
 
 Command (a few minutes)::
 
-    .venv/bin/python -m training.perception.tune_amg [--scenes 60]
+    .venv/bin/python -m training.perception.tune_amg [--scenes 60] [--pretrained DIR]
 
 Runs the generator once per scene with every filter open, then replays the filters
 (``pred_iou_thresh`` x ``stability_score_thresh``) and box NMS offline, and prints
@@ -21,7 +21,7 @@ import torch
 from mortred_twisted.data.scenes import scene_split
 from mortred_twisted.models.detection.ops import nms
 from mortred_twisted.models.segment_anything.amg import AmgConfig, masks_to_boxes_xyxy
-from mortred_twisted.models.segment_anything.sam_amg import create
+from mortred_twisted.models.segment_anything.sam_amg import DEFAULT_PRETRAINED, create
 from training.perception.common import ROOT, base_parser, setup
 from training.perception.metrics import mask_matching
 
@@ -34,14 +34,18 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=60)
     parser.add_argument("--points-per-side", type=int, default=16)
     parser.add_argument("--box-nms-thresh", type=float, default=0.7)
+    parser.add_argument(
+        "--pretrained", default=DEFAULT_PRETRAINED, help="the SamModel directory to tune for"
+    )
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    model = create({}, ROOT)
+    model = create({"pretrained": args.pretrained}, ROOT)
     open_config = AmgConfig(
         points_per_side=args.points_per_side,
         pred_iou_thresh=-1.0,
         stability_score_thresh=-1.0,
         box_nms_thresh=1.0,
+        max_masks=1 << 20,  # every candidate (the request cap does not apply offline)
     )
     # The train split's first scenes: disjoint from val by construction.
     scenes = scene_split("train", args.scenes)
