@@ -1,4 +1,4 @@
-"""The cost of a pick per job on the memory store's ledger (issue 19 item 7).
+"""The cost of a pick per job on both job stores (issue 19 item 7).
 
     .venv/bin/python bench/fair_pick.py [--jobs 20000] [--repeat 5]
     .venv/bin/python bench/fair_pick.py --redis [--jobs 2000] [--repeat 3]
@@ -14,8 +14,11 @@ A/B (it puts its own checkout first on ``sys.path``).
 ``--redis``: the same cycle on the Redis store against a local ``redis-server``
 started for the run (ADMIT, CLAIM, TERMINATE: three round trips, one after another,
 on the reactor): µs per job of wall time, and of Redis CPU in the three scripts
-(``INFO commandstats``: the cost of the pick itself, which the round trips hide);
-before issue 19 CLAIM read a stream (FIFO).
+(``INFO commandstats``: the cost of the scripts, which the round trips hide), then
+per script: ``--jobs`` admissions one by one, as many claims (CLAIM is the pick),
+then their ends, each phase's script time over its calls. Before issue 19 CLAIM read
+a stream (FIFO). The store keeps 100 finished jobs, so every TERMINATE also evicts
+one (retention per caller).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mortred_twisted.jobs.ledger import AsyncJobTable  # noqa: E402
+
+#: The scripts of one job's cycle on Redis (``--redis``), in order.
+PHASES = ("admit", "claim", "terminate")
 
 
 def one_run(backlog: int, callers: int, jobs: int, bands: bool) -> float:
@@ -83,46 +89,73 @@ def redis_runs(jobs: int, repeat: int) -> None:
     request = InferenceRequest(req_id="r", images=(b"x",))
     rows: list[str] = []
 
-    def script_us(redis: Any) -> float:
-        """Redis CPU spent in scripts since the last reset (INFO commandstats)."""
-        text = redis.command("INFO", "commandstats")
+    async def script_us(store: Any) -> float:
+        """µs Redis spent in scripts since the last reset (INFO commandstats)."""
+        text = (await store.link.call("INFO", "commandstats")).decode()
         match = re.search(r"cmdstat_evalsha:calls=\d+,usec=(\d+)", text)
         return float(match.group(1)) if match else 0.0
 
-    async def one(redis: Any, backlog: int, callers: int) -> tuple[float, float]:
+    async def phase(store: Any, calls: list[Any]) -> float:
+        """µs of Redis script time per call of ``calls`` (thunks, run one by one)."""
+        await store.link.call("CONFIG", "RESETSTAT")
+        for call in calls:
+            await call()
+        return await script_us(store) / len(calls)
+
+    async def one(redis: Any, backlog: int, callers: int) -> tuple[float, ...]:
         url = redis.url
-        store = redis_store(url, "B" + uuid.uuid4().hex[:8], max_queue=backlog + jobs + 10)
+        store = redis_store(url, "B" + uuid.uuid4().hex[:8], max_queue=backlog + 2 * jobs + 10)
         store.start()
         await store.link.when_connected()
         names = [f"key:c{i}" for i in range(callers)]
         await defer.gatherResults(
             [store.admit(request, owner=names[i % callers]) for i in range(backlog)]
         )
-        redis.command("CONFIG", "RESETSTAT")
+        await store.link.call("CONFIG", "RESETSTAT")
         started = time.perf_counter()
         for i in range(jobs):
             await store.admit(request, owner=names[i % callers])
             claim = await store.claim_next()
             await store.terminate(claim.job_id, JobState.DONE, result=b"{}")
         spent = (time.perf_counter() - started) / jobs * 1e6
-        in_redis = script_us(redis) / jobs
+        in_redis = await script_us(store) / jobs
+        # each script alone: `jobs` admissions, then as many claims, then their ends
+        claimed: list[str] = []
+
+        async def take() -> None:
+            claimed.append((await store.claim_next()).job_id)
+
+        def end(job_id: str) -> Any:
+            return lambda: store.terminate(job_id, JobState.DONE, result=b"{}")
+
+        admit = await phase(
+            store, [lambda i=i: store.admit(request, owner=names[i % callers]) for i in range(jobs)]
+        )
+        pick = await phase(store, [take] * jobs)
+        terminate = await phase(store, [end(job) for job in claimed])
         await store.stop()
-        return spent, in_redis
+        return spent, in_redis, admit, pick, terminate
 
     async def all_rows(redis: Any) -> None:
         for backlog, callers in ((100, 1), (100, 16), (10_000, 1), (10_000, 16)):
             runs = [await one(redis, backlog, callers) for _ in range(repeat)]
-            wall = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs)
-            rows.append(f"| {backlog} | {callers} | {wall:.0f} | {cpu:.1f} |")
+            cols = [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
+            rows.append(
+                f"| {backlog} | {callers} | {cols[0]:.0f} | "
+                + " | ".join(f"{c:.0f}" for c in cols[1:])
+                + " |"
+            )
 
     with redis_server() as redis:
         done = defer.Deferred.fromCoroutine(all_rows(redis))
         done.addErrback(lambda f: print(f.getTraceback()))
         done.addBoth(lambda _: reactor.stop())
         reactor.run()
-    print("| backlog | callers | µs per job, wall (3 round trips) | µs per job in Redis scripts |")
-    print("|---|---|---|---|")
+    print(
+        "| backlog | callers | µs per job, wall (3 round trips) | µs per job in Redis "
+        "scripts | " + " | ".join(f"{name.upper()} µs per call" for name in PHASES) + " |"
+    )
+    print("|---|---|---|---|" + "---|" * len(PHASES))
     print("\n".join(rows))
 
 
