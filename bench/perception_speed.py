@@ -1,10 +1,14 @@
 """Speed of the perception models on this CPU: latency per image, throughput with and
 without dynamic batching (``run_batch``: many requests, one forward pass).
 
-Command (a minute or two; prints a markdown table)::
+Command (a few minutes; prints a markdown table)::
 
     .venv/bin/python bench/perception_speed.py [--threads 1] [--repeats 30] [--batch 8]
-        [--models MOBILENETV2,YOLOV8,RTDETR,SAM_AMG,SAM_AMG_SAMMODEL]
+        [--runs 3] [--models MOBILENETV2,YOLOV8,RTDETR,SAM_AMG,SAM_AMG_SAMMODEL]
+        [--sammodel weights/perception/sam_amg]
+
+Each figure is the median of ``--runs`` runs (the models alternate within a run, so a
+burst of load on a shared machine lands on all of them), with the runs' range.
 
 Models are built from the shipped configs (verified weights) and called in-process,
 so the figures are the model's share of a request (no HTTP). Inputs are the demo
@@ -97,19 +101,44 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--runs", type=int, default=3, help="runs; figures are their median")
+    parser.add_argument(
+        "--sammodel",
+        default="weights/perception/sam_amg",
+        help="SamModel directory of SAM_AMG_SAMMODEL",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}\n")
+    MODELS["SAM_AMG_SAMMODEL"][3]["pretrained"] = args.sammodel
+    names = args.models.split(",")
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for _ in range(args.runs):
+        for name in names:
+            is_sam = MODELS[name][0] == "SAM_AMG"
+            repeats = max(3, args.repeats // 10) if is_sam else args.repeats
+            runs[name].append(bench(name, repeats, args.batch))
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
+        f"median of {args.runs} run(s) (range)\n"
+    )
     print(
         "| model | latency / image (median ms) | throughput, one by one (img/s) "
         f"| throughput, batched x{args.batch} (img/s) |"
     )
     print("|---|---|---|---|")
-    for name in args.models.split(","):
-        is_sam = MODELS[name][0] == "SAM_AMG"
-        r = bench(name, max(3, args.repeats // 10) if is_sam else args.repeats, args.batch)
-        batched = f"{r['batched_img_s']:.0f}" if "batched_img_s" in r else "n/a (async job)"
-        print(f"| {name} | {r['latency_ms']:.1f} | {r['seq_img_s']:.1f} | {batched} |")
+
+    def cell(name: str, key: str, digits: int) -> str:
+        values = [r[key] for r in runs[name] if key in r]
+        if not values:
+            return "n/a (async job)"
+        med = statistics.median(values)
+        return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+    for name in names:
+        print(
+            f"| {name} | {cell(name, 'latency_ms', 1)} | {cell(name, 'seq_img_s', 1)} "
+            f"| {cell(name, 'batched_img_s', 0)} |"
+        )
 
 
 if __name__ == "__main__":
