@@ -12,18 +12,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import secrets
 from typing import Any
 
 from mortred_twisted.http.errors import INVALID_REQUEST, JSON_DECODE_ERROR, ApiError
+from mortred_twisted.ids import new_request_id
 from mortred_twisted.models.base import InferenceRequest
 
 MAX_IMAGES = 64
 MAX_REQ_ID_LEN = 256
-
-
-def new_request_id() -> str:
-    return "req_" + secrets.token_hex(8)
 
 
 def _invalid(field: str, message: str) -> ApiError:

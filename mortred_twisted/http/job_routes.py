@@ -423,7 +423,7 @@ class JobRoutes:
         if snap.terminal or rt.readiness is Readiness.STOPPING:
             # Terminal, or the server is stopping: no new wait parks (it answers the
             # job's current status at once; the client waits again elsewhere).
-            rt.metrics.wait_wakeups.labels(reason="immediate").inc()
+            rt.metrics.wakeups_by_reason["immediate"].inc()
             return self.responder.respond(request, 200, self._status_body(snap), rid)
         woke = within(
             rt.clock, rt.counters.counter(job_id, 1), budget_ms / 1000.0, cancel_on_expiry=True
@@ -441,7 +441,7 @@ class JobRoutes:
         # nothing can slip in between the terminal check and the counter.
 
         def answer(reason: str) -> Any:
-            rt.metrics.wait_wakeups.labels(reason=reason).inc()
+            rt.metrics.wakeups_by_reason[reason].inc()
             current = rt.store.snapshot(job_id)
             return then(current, lambda c: self._status_answer(request, job_id, c, rid))
 

@@ -48,12 +48,12 @@ in the same critical section as the model's ``max_queue``.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Callable, Container
 from typing import Any, Generic, TypeVar
 
+from mortred_twisted.ids import new_job_id
 from mortred_twisted.jobs.fair_queue import (
     DEFAULT_PRIORITY,
     DEFAULT_TERMS,
@@ -128,11 +128,6 @@ class _Job:
         self.completed_at: float | None = None
         self.completed_unix: float | None = None
         self.progress: tuple[int, int] | None = None
-
-
-def new_job_id() -> str:
-    """A fresh, unguessable job id: ``job_`` + 24 hex digits."""
-    return "job_" + secrets.token_hex(12)
 
 
 class AsyncJobTable(Generic[RequestT]):

@@ -9,6 +9,7 @@ install the default reactor at import).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -16,6 +17,24 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from mortred_twisted.metrics.requests import MS_BUCKETS, RequestStats
 
 JOB_STATES = ("submitted", "running", "done", "failed", "timeout", "cancelled")
+
+
+class Children:
+    """``children[value]``: the child of a one-label metric for ``value``, made on
+    first use (so the exposition only shows values that occurred) and kept:
+    prometheus-client's ``labels()`` validates and takes a lock on every call, and a
+    job called it five times. Any thread; racing first uses get the same child."""
+
+    def __init__(self, metric: Any, label: str) -> None:
+        self._metric = metric
+        self._label = label
+        self._made: dict[str, Any] = {}
+
+    def __getitem__(self, value: str) -> Any:
+        child = self._made.get(value)
+        if child is None:
+            child = self._made[value] = self._metric.labels(**{self._label: value})
+        return child
 
 
 class ServerMetrics:
@@ -46,6 +65,7 @@ class ServerMetrics:
             buckets=MS_BUCKETS,
             registry=r,
         )
+        self.job_duration_by_state = Children(self.async_job_duration, "state")
         self.async_queue_depth = Gauge(
             "mortred_async_queue_depth", "Admitted async jobs not yet terminal.", registry=r
         )
@@ -73,6 +93,8 @@ class ServerMetrics:
             buckets=MS_BUCKETS,
             registry=r,
         )
+        self.inference_by_path = Children(self.inference_duration, "path")
+        self.queue_wait_by_path = Children(self.queue_wait_duration, "path")
         self.queue_rejected = Counter(
             "mortred_queue_rejected",
             "Sync requests refused by backpressure (max_queue_depth, 429).",
@@ -94,6 +116,7 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.wakeups_by_reason = Children(self.wait_wakeups, "reason")
         self.webhook_deliveries = Counter(
             "mortred_webhook_deliveries",
             "Webhook messages by event (start, progress, completed) and final outcome "

@@ -216,7 +216,7 @@ class SyncInference:
                     self._clock, self._workers.acquire("sync"), self._timeout_s,
                     cancel_on_expiry=True,
                 )  # fmt: skip
-                self._metrics.queue_wait_duration.labels(path="sync").observe(
+                self._metrics.queue_wait_by_path["sync"].observe(
                     (self._clock.seconds() - started) * 1000.0
                 )
                 run = run_model(self._threads, lease.worker, request, ctx)
@@ -232,7 +232,7 @@ class SyncInference:
         except CancelledError:
             ctx.cancel()
             raise
-        self._metrics.inference_duration.labels(path="sync").observe(result.run_ms)
+        self._metrics.inference_by_path["sync"].observe(result.run_ms)
         return result
 
 

@@ -195,7 +195,7 @@ class JobRunner:
             await settle(self._end(job_id, JobState.FAILED, SHUTDOWN_ERROR))
             return
         wait_ms = (self._clock.seconds() - started) * 1000.0
-        self._metrics.queue_wait_duration.labels(path="async").observe(wait_ms)
+        self._metrics.queue_wait_by_path["async"].observe(wait_ms)
         try:
             request = await settle(self._store.begin(job_id))
         except BaseException:
@@ -303,7 +303,7 @@ class JobRunner:
         finally:
             self._starting -= 1
         wait_ms = (self._clock.seconds() - admitted) * 1000.0
-        self._metrics.queue_wait_duration.labels(path="async").observe(wait_ms)
+        self._metrics.queue_wait_by_path["async"].observe(wait_ms)
         await self._run(job_id, lease, claim.request, deadline)
 
     # -- the common part ----------------------------------------------------------
@@ -334,7 +334,7 @@ class JobRunner:
                 self._clock, run, self._remaining(deadline), cancel_on_expiry=False,
                 on_expiry=ctx.cancel,
             )  # fmt: skip
-            self._metrics.inference_duration.labels(path="async").observe(result.run_ms)
+            self._metrics.inference_by_path["async"].observe(result.run_ms)
             if job_id in self._cancelling:
                 # The cancel was accepted before the run came back: it never ends done
                 # (a shared store would refuse it too; see TERMINATE).
@@ -403,7 +403,7 @@ class JobRunner:
         return then(ended, after)
 
     def _observe(self, state: JobState, elapsed_ms: float) -> None:
-        self._metrics.async_job_duration.labels(state=state.value).observe(elapsed_ms)
+        self._metrics.job_duration_by_state[state.value].observe(elapsed_ms)
 
     def _observe_snapshot(self, state: JobState, snap: Any) -> None:
         if snap is not None:
