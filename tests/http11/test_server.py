@@ -13,12 +13,9 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mortred_twisted.http11.server import (
-    MAX_HEAD,
-    MAX_PIPELINED,
-    HTTPServerFactory,
-    ServerRequest,
-)
+from mortred_twisted.http11.connection import MAX_HEAD, MAX_PIPELINED
+from mortred_twisted.http11.messages import ServerRequest
+from mortred_twisted.http11.server import HTTPServerFactory
 
 
 class StubApp:

@@ -10,7 +10,9 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mortred_twisted.http11.server import MAX_PAUSED_WRITE, HTTPServerFactory, ServerRequest
+from mortred_twisted.http11.connection import MAX_PAUSED_WRITE
+from mortred_twisted.http11.messages import ServerRequest
+from mortred_twisted.http11.server import HTTPServerFactory
 from tests.http11.test_server import responses
 
 POST_HEAD = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n%s\r\n"
