@@ -14,8 +14,10 @@ the denoiser runs over them in chunks of at most ``max_rows`` rows
 labels, then with the "no label" id) and combines its own two halves.
 
 Per run and per step, in this order: ``scheduler.step`` (its own generator and
-``eta``); a check that the latents are finite (NaN or inf: the run fails alone with
-:class:`SamplingDiverged`); ``ctx.progress(step, total)``; ``ctx.check_cancelled()``.
+``eta``; runs at the same step of the same noise-free multistep schedule share one
+call, see :data:`SHARED_STEP`); a check that the latents are finite (NaN or inf: the
+run fails alone with :class:`SamplingDiverged`); ``ctx.progress(step, total)``;
+``ctx.check_cancelled()``.
 A cancelled run is also dropped before a step starts, so it never costs a forward
 after its cancel was seen. The runs whose last step is done are decoded
 together (latent pipelines: one autoencoder call for all that finish in the same
@@ -53,6 +55,19 @@ if TYPE_CHECKING:
 MAX_X0_SNAPSHOTS = 8
 
 
+#: Schedulers whose ``step`` may serve several runs at once: for runs at the same
+#: step of the same schedule (same scheduler, step count and history length) it is
+#: elementwise over the images (per-image thresholding included) and draws no noise,
+#: so one call over the concatenated images gives each run the bytes its own call
+#: gives. Per class: the per-image state (lists of tensors, split back per run) and
+#: the counters ``step`` advances (equal across the runs, copied back). Only the
+#: noise-free algorithm types qualify (:data:`_NOISE_FREE`).
+SHARED_STEP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "DPMSolverMultistepScheduler": (("model_outputs",), ("lower_order_nums", "_step_index")),
+}
+_NOISE_FREE = frozenset({"dpmsolver++", "dpmsolver"})
+
+
 class SamplingDiverged(ModelError):
     """A run's latents turned NaN or infinite (that run fails; its batch mates go on)."""
 
@@ -70,8 +85,13 @@ class _Run:
     labels: torch.Tensor | None  # one per forward row (guided: labels, then "no label")
     guided: bool
     snap_steps: frozenset[int]
+    #: Runs with equal recipes (scheduler name, steps) at the same step and history
+    #: may share their ``scheduler.step`` call; None: this run's step is its own.
+    recipe: tuple[str, int] | None = None
     snapshots: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
     i: int = 0
+    #: The step's result when it was computed in a shared call (consumed by _advance).
+    stepped: torch.Tensor | None = None
 
     @property
     def total(self) -> int:
@@ -120,6 +140,8 @@ class DenoiseBatch(StepBatch):
                 except Exception as exc:
                     left.append((key, self._leave(key, exc)))
             outputs = self._denoise(inputs)
+            for keys in self._shared_steps(outputs):
+                self._step_together(keys, outputs)
             for key, out in outputs.items():
                 run = self._runs[key]
                 try:
@@ -177,6 +199,59 @@ class DenoiseBatch(StepBatch):
             per_run[key] = part
         return per_run
 
+    def _shared_steps(self, outputs: dict[int, torch.Tensor]) -> list[list[int]]:
+        """Groups (two runs or more) whose scheduler steps may be one call."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for key in outputs:
+            run = self._runs[key]
+            if run.recipe is None:
+                continue
+            counters = SHARED_STEP[type(run.scheduler).__name__][1]
+            state = tuple(getattr(run.scheduler, name) for name in counters)
+            groups.setdefault((run.recipe, run.i, state), []).append(key)
+        return [keys for keys in groups.values() if len(keys) > 1]
+
+    def _step_together(self, keys: list[int], outputs: dict[int, torch.Tensor]) -> None:
+        """One ``scheduler.step`` for the runs ``keys`` (see :data:`SHARED_STEP`).
+
+        The first run's scheduler steps the concatenated images with the
+        concatenated per-image state; the result and the new state are split back to
+        each run (``run.stepped``, its scheduler's lists and counters). Should the
+        call raise, that scheduler is restored and each run steps alone in
+        :meth:`_advance` (so a failure stays its run's own).
+        """
+        runs = [self._runs[key] for key in keys]
+        lead = runs[0].scheduler
+        lists, counters = SHARED_STEP[type(lead).__name__]
+        saved = {name: getattr(lead, name) for name in lists + counters}
+        try:
+            for name in lists:
+                mine = [getattr(run.scheduler, name) for run in runs]
+                setattr(lead, name, [
+                    None if entry is None else torch.cat([state[j] for state in mine])
+                    for j, entry in enumerate(mine[0])
+                ])  # fmt: skip
+            t = runs[0].timesteps[runs[0].i]
+            out = torch.cat([outputs[key] for key in keys])
+            prev = lead.step(out, t, torch.cat([run.x for run in runs])).prev_sample
+            merged = {name: getattr(lead, name) for name in lists}
+            after = {name: getattr(lead, name) for name in counters}
+        except Exception:
+            for name, value in saved.items():
+                setattr(lead, name, value)
+            return
+        sizes = [run.x.shape[0] for run in runs]
+        parts = {
+            name: [None if m is None else m.split(sizes) for m in entries]
+            for name, entries in merged.items()
+        }
+        for i, (run, x) in enumerate(zip(runs, prev.split(sizes), strict=True)):
+            for name, entries in parts.items():
+                setattr(run.scheduler, name, [None if m is None else m[i] for m in entries])
+            for name, value in after.items():
+                setattr(run.scheduler, name, value)
+            run.stepped = x
+
     def _advance(self, run: _Run, model_input: torch.Tensor, out: torch.Tensor) -> bool:
         """``scheduler.step`` + checks for one run; whether its last step is done."""
         t = run.timesteps[run.i]
@@ -185,7 +260,10 @@ class DenoiseBatch(StepBatch):
             alphas = run.scheduler.alphas_cumprod
             x0 = self._model.x0(model_input.float(), out.float(), t, alphas)
             run.snapshots.append((step, round(float(t)), x0))
-        run.x = run.scheduler.step(out, t, run.x, **run.step_kwargs).prev_sample
+        if run.stepped is not None:
+            run.x, run.stepped = run.stepped, None
+        else:
+            run.x = run.scheduler.step(out, t, run.x, **run.step_kwargs).prev_sample
         if not bool(torch.isfinite(run.x).all()):
             raise SamplingDiverged(
                 f"sampling diverged (NaN or inf) at step {step} of {run.total} "
@@ -261,9 +339,14 @@ class DenoiseBatch(StepBatch):
             x = torch.randn(shape, generator=generator, device=model.device, dtype=torch.float32)
             x = x * scheduler.init_noise_sigma
         labels, guided = model.row_labels(plan)
+        shares = (
+            type(scheduler).__name__ in SHARED_STEP
+            and scheduler.config.get("algorithm_type") in _NOISE_FREE
+        )
         return _Run(
             ctx=ctx, plan=plan, scheduler=scheduler, timesteps=timesteps,
             step_kwargs=step_kwargs, x=x, labels=labels, guided=guided, snap_steps=snap_steps,
+            recipe=(plan.scheduler, plan.steps) if shares else None,
         )  # fmt: skip
 
 

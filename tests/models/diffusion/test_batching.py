@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunCancelled, RunContext
+from mortred_twisted.models.diffusion import batching
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, SamplingDiverged
 
 FAMILIES = ["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
@@ -210,6 +211,72 @@ def test_a_copied_scheduler_gives_the_bytes_of_one_built_for_the_run(
     copied = [model.run(req, RunContext()) for _ in range(2)]
     monkeypatch.setattr(model.schedulers, "fresh", model.schedulers._prepare)
     assert copied[0] == copied[1] == model.run(req, RunContext())
+
+
+def _step_calls(monkeypatch: pytest.MonkeyPatch, fail_over_rows: int | None = None) -> list[int]:
+    """Count (and optionally fail) DPMSolverMultistepScheduler.step calls by their rows."""
+    cls = batching.schedulers._class("DPMSolverMultistepScheduler")
+    real = cls.step
+    calls: list[int] = []
+
+    def step(self: Any, out: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(out.shape[0])
+        if fail_over_rows is not None and out.shape[0] > fail_over_rows:
+            raise RuntimeError("shared step failed")
+        return real(self, out, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "step", step)
+    return calls
+
+
+SHARING = [
+    {"scheduler": "dpmsolver++", "sample_steps": 4, "seed": 1},
+    {"scheduler": "dpmsolver++", "sample_steps": 4, "seed": 2, "num_images": 2},
+    {"scheduler": "dpmsolver++", "sample_steps": 4, "seed": 3, "predicted_x0": True},
+    {"scheduler": "dpmsolver++", "sample_steps": 4, "seed": 4},
+    {"scheduler": "dpmsolver++", "sample_steps": 3, "seed": 5},
+    {"scheduler": "euler", "sample_steps": 4, "seed": 6},
+]
+
+
+@pytest.mark.parametrize("family", ["DDIM", "LDM"])
+def test_runs_at_the_same_step_of_one_schedule_share_the_scheduler_step(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """Runs at the same step of the same noise-free multistep schedule are stepped by
+    one scheduler call, and every image is byte for byte the one of separate calls."""
+    model = build(family, max_running_jobs=8)
+    reqs = requests(model, SHARING)
+    join_at = [0, 0, 0, 1, 0, 0]
+    separate_calls = _step_calls(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(batching, "SHARED_STEP", {})
+        separate = run_staggered(model, reqs, [RunContext() for _ in reqs], join_at)
+    assert len(separate_calls) == 4 + 4 + 4 + 4 + 3
+    shared_calls = _step_calls(monkeypatch)
+    shared = run_staggered(model, reqs, [RunContext() for _ in reqs], join_at)
+    # Runs 0-2 share 4 calls of 4 rows; run 3 (joined a step later) and run 4 (3 steps:
+    # another schedule) step alone; euler is not in SHARED_STEP.
+    assert sorted(shared_calls) == sorted([4] * 4 + [1] * 4 + [1] * 3)
+    for i in range(len(reqs)):
+        assert shared[i] == separate[i], i
+
+
+def test_a_failing_shared_step_lets_each_run_step_alone(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared scheduler call that raises is undone and each run steps on its own:
+    no run fails for it, and the images are those of separate calls."""
+    model = build("LDM", max_running_jobs=8)
+    reqs = requests(model, SHARING[:3])
+    with monkeypatch.context() as m:
+        m.setattr(batching, "SHARED_STEP", {})
+        separate = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0])
+    calls = _step_calls(monkeypatch, fail_over_rows=2)
+    out = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0])
+    assert calls.count(4) == 4  # every shared call was tried, and failed
+    for i in range(len(reqs)):
+        assert out[i] == separate[i], i
 
 
 def test_progress_is_reported_per_run_per_step(build: Callable[..., Any]) -> None:
