@@ -21,7 +21,10 @@ all per mode: ``POST /jobs`` (``--scheduler`` at
 /jobs/{id}/result``; a job's latency is from the submit's send to the result's
 arrival. Reported: jobs/s (jobs finished inside the measuring window / the window:
 the steady state, without the drain after it), p50 and p99 latency of every job
-(ms), and the ratios batched / one at a time. With 1 client the ratio of p50s is "a
+(ms), the server's CPU per job (its process's user + system time over each slice,
+drain included, / every job of the slice: what a job costs whatever share of the
+cores the server got, so the figure to compare when other work loads the machine),
+and the ratios batched / one at a time. With 1 client the ratio of p50s is "a
 job alone against today's".
 
 ``--tolerance`` measures instead, in process, how far an image sampled in a batch is
@@ -36,6 +39,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -82,6 +86,12 @@ def server_toml(model: str, overrides: dict[str, Any], folder: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_job(conn: Connection, params: dict[str, Any]) -> float:
@@ -139,8 +149,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     levels = [int(c) for c in args.clients.split(",")]
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="bench-diffusion-"))
-    print("| model | clients | mode | jobs/s | p50 ms | p99 ms | jobs | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | clients | mode | jobs/s | p50 ms | p99 ms | CPU ms/job | jobs | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         modes = {
             "one at a time": {"max_running_jobs": 1, "channels_last": False},
@@ -163,11 +173,14 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 # load during the level hits both alike.
                 merged = {mode: Stats() for mode in servers}
                 finished = dict.fromkeys(servers, 0)
+                cpu = dict.fromkeys(servers, 0.0)
                 for _ in range(args.slices):
                     for mode, srv in servers.items():
+                        before = cpu_seconds(srv.process.pid)
                         part = asyncio.run(
                             load(srv.port, clients, args.seconds / args.slices, params)
                         )
+                        cpu[mode] += cpu_seconds(srv.process.pid) - before
                         merged[mode].latencies_ms += part.latencies_ms
                         merged[mode].errors += part.errors
                         merged[mode].elapsed_s += part.elapsed_s
@@ -177,18 +190,23 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "model": model, "clients": clients, "mode": mode,
                         "jobs_per_s": round(finished[mode] / stats.elapsed_s, 2),
                         "p50_ms": round(stats.pct(50), 1),
-                        "p99_ms": round(stats.pct(99), 1), "jobs": stats.count,
-                        "errors": stats.errors,
+                        "p99_ms": round(stats.pct(99), 1),
+                        "cpu_ms_per_job": round(cpu[mode] * 1000.0 / max(1, stats.count), 1),
+                        "jobs": stats.count, "errors": stats.errors,
                     }  # fmt: skip
                     rows.append(row)
                     print(
                         f"| {model} | {clients} | {mode} | {row['jobs_per_s']} | "
-                        f"{row['p50_ms']} | {row['p99_ms']} | {row['jobs']} | {row['errors']} |",
+                        f"{row['p50_ms']} | {row['p99_ms']} | {row['cpu_ms_per_job']} | "
+                        f"{row['jobs']} | {row['errors']} |",
                         flush=True,
                     )
     print()
-    print("| model | clients | jobs/s batched / one at a time | p50 ratio | p99 ratio |")
-    print("|---|---|---|---|---|")
+    print(
+        "| model | clients | jobs/s batched / one at a time | p50 ratio | p99 ratio "
+        "| CPU per job one at a time / batched |"
+    )
+    print("|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for clients in levels:
             one, bat = (
@@ -199,7 +217,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             )
             print(
                 f"| {model} | {clients} | {bat['jobs_per_s'] / one['jobs_per_s']:.2f}x | "
-                f"{bat['p50_ms'] / one['p50_ms']:.2f} | {bat['p99_ms'] / one['p99_ms']:.2f} |"
+                f"{bat['p50_ms'] / one['p50_ms']:.2f} | {bat['p99_ms'] / one['p99_ms']:.2f} | "
+                f"{one['cpu_ms_per_job'] / max(0.1, bat['cpu_ms_per_job']):.2f}x |"
             )
     return rows
 
