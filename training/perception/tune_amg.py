@@ -25,7 +25,7 @@ from mortred_twisted.models.segment_anything.sam_amg import DEFAULT_PRETRAINED, 
 from training.perception.common import ROOT, base_parser, setup
 from training.perception.metrics import mask_matching
 
-IOU_GRID = (0.5, 0.6, 0.7, 0.8, 0.88)
+IOU_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.88)
 STAB_GRID = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 
 
