@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 REWRITTEN_FIELDS = ("poll_url", "result_url")
 
 
+@lru_cache(maxsize=1024)  # model ids come from the catalog: a handful (quote() is slow)
 def gateway_prefix(model_id: str) -> str:
     """Where the gateway serves a model's jobs: ``/v1/models/<id>/jobs/``."""
     return f"/v1/models/{quote(model_id, safe='')}/jobs/"
 
 
+@lru_cache(maxsize=1024)
 def supervisor_prefix(server_id: str) -> str:
     """Where the supervisor serves a model's jobs: ``/api/v1/jobs/<id>/``."""
     return f"/api/v1/jobs/{quote(server_id, safe='')}/"
