@@ -1,5 +1,6 @@
-"""The job routes of a model port: submit, status, wait, result, cancel, listing, live
-events, and whose job is whose.
+"""The job routes of a model port: submit, status, wait, result, cancel, and whose job
+is whose; the listing (:mod:`~mortred_twisted.http.job_listing`) and live events
+(:mod:`~mortred_twisted.http.job_stream`) are composed in.
 
 Routes (docs/api.md § "Beyond the seed"): ``DELETE /jobs/{id}`` (cancel),
 ``GET /jobs?state=&limit=&cursor=`` (listing, newest first), ``GET
@@ -32,26 +33,22 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fair_share import caller_terms, check_priority, over_quota, queue_body
+from mortred_twisted.http.job_listing import JobListing
+from mortred_twisted.http.job_stream import JobEventStream
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
-from mortred_twisted.http11 import sse
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
-from mortred_twisted.jobs.states import CancelOutcome, JobState
+from mortred_twisted.jobs.states import CancelOutcome
 from mortred_twisted.jobs.status import status_body
-from mortred_twisted.jobs.store import settle, then
-from mortred_twisted.jobs.types import Admission, JobPage, JobSnapshot, ResultLookup
+from mortred_twisted.jobs.store import then
+from mortred_twisted.jobs.types import Admission, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
-from mortred_twisted.runtime.job_events import events_counter
 from mortred_twisted.runtime.model_runtime import Readiness
 
 PRINCIPAL_HEADER = b"X-Mortred-Principal"
 PRINCIPAL_SCOPE_HEADER = b"X-Mortred-Principal-Scope"
 MAX_PRINCIPAL_LENGTH = 128
-LIST_DEFAULT_LIMIT = 50
-LIST_MAX_LIMIT = 500
-HEARTBEAT_S = 15.0
-STATES_BY_NAME = {s.value: s for s in JobState}
 WAIT_DEFAULT_MS = 30_000
 WAIT_CAP_MS = 300_000
 
@@ -74,6 +71,8 @@ class JobRoutes:
         self.config = runtime.config
         self.responder = responder
         self.checks = checks
+        self.listing = JobListing(runtime, responder, self.job_get_prechecks, self.principal)
+        self.events = JobEventStream(runtime, responder, self.job_get_prechecks, self.visible)
 
     # -- who is asking ------------------------------------------------------------
 
@@ -179,94 +178,15 @@ class JobRoutes:
             return self.responder.respond(request, 200, status_body(snap), rid)
         return self.responder.respond(request, 202, status_body(snap), rid)
 
-    # -- listing ------------------------------------------------------------------
+    # -- listing and live events (their own modules) ------------------------------
 
     def list_jobs(self, request: IRequest) -> Any:
-        err = self.job_get_prechecks(request)
-        if err is not None:
-            return self.responder.job_error(request, err)
-        rid = self.responder.request_id_header(request)
-        try:
-            states, limit, cursor = parse_list_query(request.args)
-        except ValueError as exc:
-            bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
-            return self.responder.job_error(request, bad, rid)
-        owner, sees_all = self.principal(request)
-        try:
-            page = self.runtime.store.list_jobs(
-                owner=None if sees_all else owner, states=states, limit=limit, cursor=cursor
-            )
-        except ValueError as exc:
-            bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
-            return self.responder.job_error(request, bad, rid)
-        answer = then(page, lambda p: self.responder.respond(request, 200, _page_body(p), rid))
-        return self.responder.store_errors(request, answer, rid)
-
-    # -- live events --------------------------------------------------------------
+        """``GET /jobs``: :meth:`JobListing.list_jobs`."""
+        return self.listing.list_jobs(request)
 
     def job_events(self, request: IRequest, job_id: str) -> Any:
-        err = self.job_get_prechecks(request)
-        if err is not None:
-            return self.responder.job_error(request, err)
-        rid = self.responder.request_id_header(request)
-        first = self.runtime.store.snapshot(job_id)
-
-        def start(snap: JobSnapshot | None) -> Any:
-            snap = self.visible(request, snap)
-            if snap is None:
-                return self.responder.lookup_error(request, job_id)
-            return Deferred.fromCoroutine(self._stream(request, job_id, snap, rid))
-
-        return self.responder.store_errors(request, then(first, start), rid)
-
-    async def _stream(
-        self, request: IRequest, job_id: str, snap: JobSnapshot, rid: str | None
-    ) -> bytes:
-        """Write the job's events until it is terminal (or the client leaves: Klein
-        then cancels this coroutine, which removes its counter)."""
-        rt = self.runtime
-        request.setResponseCode(200)
-        self.responder.headers(request, rid)
-        request.setHeader(b"Content-Type", sse.CONTENT_TYPE)
-        request.setHeader(b"Cache-Control", b"no-cache")
-        request.setHeader(b"X-Accel-Buffering", b"no")  # tell proxies not to buffer
-        rt.metrics.event_streams.inc()
-        seq = 0
-        try:
-            request.write(sse.retry(2000))
-            seq += 1
-            request.write(_event(snap, seq, initial=True))
-            last = _key(snap)
-            # A stopping server ends every stream with the job's current state (the
-            # client reconnects elsewhere); a stream opened while stopping ends after
-            # its first event.
-            while not snap.terminal and rt.readiness is not Readiness.STOPPING:
-                woke = rt.counters.counter(events_counter(job_id), 1)
-                # Named counters are counted for the terminal event as well; a
-                # shared store's events may arrive between the read and the
-                # counter, so read again once it is registered.
-                again = await settle(rt.store.snapshot(job_id))
-                if again is None or _key(again) != last:
-                    woke.addErrback(lambda _f: None)
-                    woke.cancel()
-                else:
-                    try:
-                        await within(rt.clock, woke, HEARTBEAT_S, cancel_on_expiry=True)
-                    except DeadlineExpired:
-                        request.write(sse.comment("ping"))
-                        continue
-                    again = await settle(rt.store.snapshot(job_id))
-                if again is None:  # evicted (retention) while we streamed
-                    break
-                snap = again
-                current = _key(snap)
-                if current != last:
-                    seq += 1
-                    request.write(_event(snap, seq, initial=False, previous=last[0]))
-                    last = current
-        finally:
-            rt.metrics.event_streams.dec()
-        return b""
+        """``GET /jobs/{id}/events``: :meth:`JobEventStream.job_events`."""
+        return self.events.job_events(request, job_id)
 
     # -- submit, status, wait, result ----------------------------------------------
 
@@ -474,48 +394,3 @@ class JobRoutes:
         return self.responder.respond(
             request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id
         )
-
-
-def _key(snap: JobSnapshot) -> tuple[Any, ...]:
-    """What an event stream reports a change of."""
-    return (snap.state, snap.progress, snap.cancel_requested)
-
-
-def _event(snap: JobSnapshot, seq: int, *, initial: bool, previous: Any = None) -> bytes:
-    if snap.terminal:
-        name = snap.state.value
-    elif initial or snap.state is not previous:
-        name = "state"
-    else:
-        name = "progress"
-    return sse.event(name, status_body(snap).decode("utf-8"), seq)
-
-
-def _page_body(page: JobPage) -> bytes:
-    jobs = b",".join(status_body(s) for s in page.jobs)
-    cursor = json_bytes(page.next_cursor)
-    return b'{"jobs":[' + jobs + b'],"next_cursor":' + cursor + b"}"
-
-
-def parse_list_query(
-    args: dict[bytes, list[bytes]],
-) -> tuple[frozenset[JobState] | None, int, str | None]:
-    """``state`` (comma list), ``limit`` (1–500, default 50), ``cursor``; ValueError."""
-    states: frozenset[JobState] | None = None
-    raw_states = args.get(b"state", [b""])[0].decode("utf-8", "replace").strip()
-    if raw_states:
-        names = [n.strip() for n in raw_states.split(",") if n.strip()]
-        unknown = [n for n in names if n not in STATES_BY_NAME]
-        if unknown:
-            raise ValueError(
-                f"unknown state {unknown[0][:32]!r} (known: {', '.join(STATES_BY_NAME)})"
-            )
-        states = frozenset(STATES_BY_NAME[n] for n in names)
-    raw_limit = args.get(b"limit", [b""])[0].decode("ascii", "replace").strip()
-    limit = LIST_DEFAULT_LIMIT
-    if raw_limit:
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_MAX_LIMIT:
-            raise ValueError(f"limit must be an integer from 1 to {LIST_MAX_LIMIT}")
-        limit = int(raw_limit)
-    cursor = args.get(b"cursor", [b""])[0].decode("ascii", "replace").strip() or None
-    return states, limit, cursor
