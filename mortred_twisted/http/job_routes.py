@@ -294,7 +294,9 @@ class JobRoutes:
         return status_body(snap)
 
     def job_get_prechecks(self, request: IRequest) -> ApiError | None:
-        return self.jobs_disabled() or self.checks.auth_error(request.requestHeaders)
+        if not self.config.async_enabled:
+            return self.jobs_disabled()
+        return self.checks.auth_error(request.requestHeaders)
 
     def job_status(self, request: IRequest, job_id: str) -> Any:
         err = self.job_get_prechecks(request)

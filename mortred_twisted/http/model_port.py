@@ -125,7 +125,7 @@ class ModelPortApp:
             refused = self._app.checks.host_refused(request.getHeader(b"host"))
             if refused is not None:
                 return self._app.responder.job_error(request, refused)
-        matched = self._hot.match(request)
+        matched = self._hot.match_path(request.method, request.path)
         if matched is not None:
             handler, kwargs = matched
             return handler(request, **kwargs)

@@ -76,7 +76,7 @@ class Responder:
         return request.requestHeaders.getRawHeaders(name, [None])[0]
 
     def request_id_header(self, request: IRequest) -> str | None:
-        raw = self.header(request, b"x-request-id")
+        raw = request.requestHeaders.getRawHeaders(b"x-request-id", [None])[0]
         return raw.decode("utf-8", "replace")[:256] if raw else None
 
     def request_id(self, request: IRequest) -> str:
