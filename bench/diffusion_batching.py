@@ -4,6 +4,7 @@
         [--seconds 10] [--capacity 8] [--max-batch-images 32]
         [--scheduler dpmsolver++] [--steps 20] [--json out.json]
     .venv/bin/python bench/diffusion_batching.py --tolerance [--models DDPM,DDIM,...]
+    (either: [--device cuda] for a GPU; default cpu)
 
 Per model, two real model servers (``twistd``, memory store, thread workers, one
 torch thread, ``worker_nums = 1``) from the catalog config, differing only in:
@@ -63,13 +64,13 @@ SERVERS = {
 IMG = base64.b64encode(b"ignored by generative models").decode()
 
 
-def server_toml(model: str, overrides: dict[str, Any], folder: Path) -> Path:
+def server_toml(model: str, overrides: dict[str, Any], folder: Path, device: str = "cpu") -> Path:
     """The catalog config of ``model`` with model ``overrides`` and queues that never
     refuse during the benchmark (absolute paths: the file lives in /tmp)."""
     doc = tomllib.loads((ROOT / SERVERS[model]).read_text())
     options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
     options["pretrained"] = str(ROOT / options["pretrained"])
-    options.update(device="cpu", **overrides)
+    options.update(device=device, **overrides)
     server = {
         **doc["server"],
         "worker_nums": 1,
@@ -162,7 +163,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         with ExitStack() as stack:
             servers: dict[str, RunningServer] = {}
             for mode, overrides in modes.items():
-                conf = server_toml(model, overrides, folder)
+                conf = server_toml(model, overrides, folder, args.device)
                 srv = stack.enter_context(model_server(conf, wait_ready=False))
                 assert "NOT READY" not in srv.wait_ready(timeout=600), "".join(srv.log[-20:])
                 servers[mode] = srv
@@ -246,7 +247,7 @@ def tolerance(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in args.models.split(","):
         doc = tomllib.loads((ROOT / SERVERS[name]).read_text())
         options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
-        model = create_model(name, {**options, "device": "cpu"}, ROOT)
+        model = create_model(name, {**options, "device": args.device}, ROOT)
         for scheduler, steps in (("dpmsolver++", 20), ("ddim", 50), ("euler-ancestral", 30)):
             params = {"scheduler": scheduler, "sample_steps": steps}
             reqs = [
@@ -285,6 +286,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=4, help="A/B alternations per level")
     parser.add_argument("--scheduler", default="dpmsolver++")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", default="cpu", help="model device: cpu or cuda")
     parser.add_argument("--tolerance", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
