@@ -56,7 +56,6 @@ class RouteRequest:
             self._args = parse_qs(query, keep_blank_values=True) if query else {}
         return self._args
 
-
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         self.code = self._proxy.code = code
 
