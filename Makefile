@@ -94,15 +94,14 @@ train-perception: install
 	$(PY) -m training.perception.train_mobilenetv2
 	$(PY) -m training.perception.train_yolov8
 	$(PY) -m training.perception.train_rtdetr
-	$(PY) -m training.perception.train_sam_network
-	$(PY) -m training.perception.train_sam
+	$(PY) -m training.perception.train_sam --out /tmp/sam_p4 --no-eval
+	$(PY) -m training.perception.train_sam --patch 2 --init /tmp/sam_p4 --max-minutes 88 --steps 100000
 
 eval-perception: install
 	$(PY) -m training.perception.eval_mobilenetv2
 	$(PY) -m training.perception.eval_yolov8
 	$(PY) -m training.perception.eval_rtdetr
 	$(PY) -m training.perception.eval_sam_amg
-	$(PY) -m training.perception.eval_sam_amg --pretrained weights/perception/sam_amg
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

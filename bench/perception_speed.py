@@ -4,7 +4,7 @@ without dynamic batching (``run_batch``: many requests, one forward pass).
 Command (a few minutes; prints a markdown table)::
 
     .venv/bin/python bench/perception_speed.py [--threads 1] [--repeats 30] [--batch 8]
-        [--runs 3] [--models MOBILENETV2,YOLOV8,RTDETR,SAM_AMG,SAM_AMG_SAMMODEL]
+        [--runs 3] [--models MOBILENETV2,YOLOV8,RTDETR,SAM_AMG]
         [--sammodel weights/perception/sam_amg]
 
 Each figure is the median of ``--runs`` runs (the models alternate within a run, so a
@@ -49,13 +49,6 @@ MODELS: dict[str, tuple[str, str, str, dict[str, str]]] = {
         {},
     ),
     "SAM_AMG": ("SAM_AMG", SAM_CONFIG, "scene_1.png", {}),
-    # The same generator over the transformers SamModel trained here.
-    "SAM_AMG_SAMMODEL": (
-        "SAM_AMG",
-        SAM_CONFIG,
-        "scene_1.png",
-        {"pretrained": "weights/perception/sam_amg"},
-    ),
 }
 
 
@@ -67,8 +60,6 @@ def bench(name: str, repeats: int, batch: int) -> dict[str, float]:
     """Median latency (ms) of one request, and images/s one by one and batched."""
     model_type, config, picture, overrides = MODELS[name]
     options = tomllib.loads((ROOT / config).read_text("utf-8"))
-    if "pretrained" in overrides:
-        options.pop("model_weights_path", None)
     options.update(overrides)
     model = create_model(model_type, options, ROOT)
     image = (ROOT / "demo_data" / "perception" / picture).read_bytes()
@@ -105,11 +96,11 @@ def main() -> None:
     parser.add_argument(
         "--sammodel",
         default="weights/perception/sam_amg",
-        help="SamModel directory of SAM_AMG_SAMMODEL",
+        help="SamModel directory of SAM_AMG",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    MODELS["SAM_AMG_SAMMODEL"][3]["pretrained"] = args.sammodel
+    MODELS["SAM_AMG"][3]["pretrained"] = args.sammodel
     names = args.models.split(",")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for _ in range(args.runs):

@@ -31,14 +31,9 @@ import torch.nn.functional as F
 from scipy import ndimage
 
 from mortred_twisted.data.scenes import scene_split
-from mortred_twisted.models.classification.weights import (
-    MANIFEST_NAME,
-    read_manifest,
-    write_manifest_entry,
-)
 from mortred_twisted.models.diffusion.manifest import write_manifest
 from mortred_twisted.models.segment_anything.amg import AmgConfig
-from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
+from mortred_twisted.models.segment_anything.prompter import SamPrompter
 from mortred_twisted.models.segment_anything.sam_amg import (
     DEFAULT_PRETRAINED,
     create,
@@ -66,7 +61,7 @@ def innermost_point(mask: np.ndarray) -> tuple[float, float]:
 
 
 @torch.inference_mode()
-def point_miou(prompter: SamPrompter | NetworkPrompter, scenes: list[Any]) -> float:
+def point_miou(prompter: SamPrompter, scenes: list[Any]) -> float:
     """Mean IoU of the top-scored mask for one innermost point per instance."""
     ious = []
     for scene in scenes:
@@ -83,7 +78,7 @@ def point_miou(prompter: SamPrompter | NetworkPrompter, scenes: list[Any]) -> fl
 
 
 def evaluate(
-    prompter: SamPrompter | NetworkPrompter,
+    prompter: SamPrompter,
     n_scenes: int = 100,
     options: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
@@ -148,23 +143,15 @@ def main() -> None:
     source = (
         {"pretrained": args.pretrained}
         if args.pretrained
-        else {k: shipped[k] for k in ("pretrained", "model_weights_path") if k in shipped}
+        else {"pretrained": shipped.get("pretrained", DEFAULT_PRETRAINED)}
     )
     model = create({**options, **source}, ROOT)
     figures = evaluate(model.generator.prompter, args.val_scenes, options)
     print(json.dumps(figures, indent=2))
-    if args.record and "pretrained" in source:
+    if args.record:
         directory = ROOT / source["pretrained"]
         write_manifest(directory, {"figures": figures, "eval_command": command_line()})
         print(f"recorded in {directory / 'manifest.json'}")
-    elif args.record:
-        weights = ROOT / source["model_weights_path"]
-        entry = read_manifest(weights.parent / MANIFEST_NAME)["files"][weights.name]
-        entry = {k: v for k, v in entry.items() if k not in ("sha256", "bytes")}
-        entry["figures"] = figures
-        entry["eval_command"] = command_line()
-        write_manifest_entry(weights, entry)
-        print(f"recorded in {weights.parent / MANIFEST_NAME}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """The automatic mask generator (SAM's AMG) around a transformers ``SamModel``.
 
 The model is reached through :class:`~.prompter.SamPrompter` (image embedding once,
-point prompts in batches through the prompt encoder and mask decoder) or, for our own
-segmenter, :class:`~.prompter.NetworkPrompter`; the algorithm is ours. For one image,
+point prompts in batches through the prompt encoder and mask decoder); the algorithm
+is ours. For one image,
 for each crop (:mod:`.crops`: the whole picture, plus ``crop_n_layers`` layers of
 overlapping crops):
 
-1. preprocess the crop (a ``SamModel``'s image processor: longest side to the
-   model's input, padded; our segmenter: letterbox) and run the image encoder **once**;
+1. preprocess the crop (the ``SamModel``'s image processor: longest side to the
+   model's input, padded) and run the image encoder **once**;
 2. prompt with the layer's grid of points (cell centres; ``points_per_side`` per
    side, divided by ``crop_n_points_downscale_factor`` per layer),
    ``points_per_batch`` at a time; each point yields ``K`` (3) masks;
@@ -58,7 +58,7 @@ from mortred_twisted.models.segment_anything.crops import (
     uncrop_masks,
     uncrop_points,
 )
-from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
+from mortred_twisted.models.segment_anything.prompter import SamPrompter
 
 #: Upper bound of ``max_masks`` (full-size masks kept per image): with the 1024 x 1024
 #: pixel limit of SAM_AMG, 256 masks are 256 MiB of booleans.
@@ -207,7 +207,7 @@ class AutomaticMaskGenerator:
     """Runs the AMG with one prompter; thread contract: one call at a time per instance
     (the prompter's model is shared read-only)."""
 
-    def __init__(self, prompter: SamPrompter | NetworkPrompter) -> None:
+    def __init__(self, prompter: SamPrompter) -> None:
         self.prompter = prompter
 
     def batches(self, config: AmgConfig) -> int:

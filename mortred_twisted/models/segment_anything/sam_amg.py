@@ -50,11 +50,8 @@ from mortred_twisted.models.classification.pretrained import (
     verified_directory,
 )
 from mortred_twisted.models.classification.weights import (
-    load_state,
-    load_verified_checkpoint,
     option,
     resolve_device,
-    resolve_path,
 )
 from mortred_twisted.models.codec import decode_image, png_base64
 from mortred_twisted.models.params import ParamSpec
@@ -64,12 +61,10 @@ from mortred_twisted.models.segment_anything.amg import (
     AmgConfig,
     AutomaticMaskGenerator,
 )
-from mortred_twisted.models.segment_anything.network import PromptableSegmenter
-from mortred_twisted.models.segment_anything.prompter import NetworkPrompter, SamPrompter
+from mortred_twisted.models.segment_anything.prompter import SamPrompter
 
 MODEL_TYPE = "SAM_AMG"
 DEFAULT_PRETRAINED = "weights/perception/sam_amg"
-Prompter = SamPrompter | NetworkPrompter
 OUTPUT_MODES = ("uncompressed_rle", "binary_mask_png")
 
 
@@ -138,7 +133,7 @@ _AMG_KEYS = {f.name for f in fields(AmgConfig)}
 
 
 class SamAmgModel(Model):
-    """One worker's automatic mask generator (the network may be shared, read-only)."""
+    """One worker's automatic mask generator (the ``SamModel`` may be shared, read-only)."""
 
     output_schema = SAM_AMG_OUTPUT
 
@@ -287,7 +282,7 @@ def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
     return config
 
 
-_SHARED: dict[tuple[str, str], Prompter] = {}
+_SHARED: dict[tuple[str, str], SamPrompter] = {}
 
 
 def load(directory: Path, device: torch.device) -> SamPrompter:
@@ -306,57 +301,26 @@ def load(directory: Path, device: torch.device) -> SamPrompter:
     return _SHARED[key]  # type: ignore[return-value]
 
 
-def build_network(arch: Mapping[str, Any]) -> PromptableSegmenter:
-    """Our own segmenter described by a checkpoint's ``arch`` keywords."""
-    try:
-        return PromptableSegmenter(**dict(arch))
-    except (TypeError, ValueError) as exc:
-        raise ModelLoadError(f"bad SAM architecture in weights: {exc}") from exc
-
-
-def load_network(weights: Path, device: torch.device) -> NetworkPrompter:
-    """Our own segmenter from a verified ``.pt`` checkpoint, shared by the workers."""
-    key = (str(weights), str(device))
-    if key not in _SHARED:
-        checkpoint = load_verified_checkpoint(weights, MODEL_TYPE)
-        net = build_network(checkpoint["arch"])
-        load_state(net, checkpoint, weights)
-        _SHARED[key] = NetworkPrompter(net.to(device), device)
-    return _SHARED[key]  # type: ignore[return-value]
-
-
 def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
     """Load the model; AMG defaults from ``options``.
 
     The model is a transformers ``SamModel`` directory named by ``pretrained``
-    (verified against its manifest), or - with ``model_weights_path`` instead - our own
-    segmenter's verified ``.pt`` checkpoint. Other options: ``device``,
-    ``points_per_side``, ``points_per_batch``, ``pred_iou_thresh``,
-    ``stability_score_thresh``, ``stability_score_offset``, ``box_nms_thresh``,
-    ``min_mask_region_area`` (see :class:`AmgConfig`). Raises :class:`ModelLoadError`.
+    (verified against its manifest; default ``weights/perception/sam_amg``). Other
+    options: ``device`` and the generator's keys (see :class:`AmgConfig`). Raises
+    :class:`ModelLoadError`.
     """
-    unknown = set(options) - _AMG_KEYS - {"pretrained", "model_weights_path", "device"}
+    unknown = set(options) - _AMG_KEYS - {"pretrained", "device"}
     if unknown:
         raise ModelLoadError(
-            f"unknown model option(s) {sorted(unknown)}; known: pretrained, "
-            "model_weights_path, device, " + ", ".join(sorted(_AMG_KEYS))
+            f"unknown model option(s) {sorted(unknown)}; known: pretrained, device, "
+            + ", ".join(sorted(_AMG_KEYS))
         )
-    if "pretrained" in options and "model_weights_path" in options:
-        raise ModelLoadError("give either pretrained (a SamModel) or model_weights_path, not both")
     config = amg_config_from_options(options)
     device = resolve_device(options.get("device", "cpu"))
-    prompter: Prompter
-    if "model_weights_path" in options:
-        weights = resolve_path(
-            root, option(options, "model_weights_path", "", str), "model_weights_path"
-        )
-        prompter = load_network(weights, device)
-    else:
-        directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
-        prompter = load(directory, device)
-    return SamAmgModel(AutomaticMaskGenerator(prompter), config)
+    directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
+    return SamAmgModel(AutomaticMaskGenerator(load(directory, device)), config)
 
 
-def load_for_eval(prompter: Prompter, **overrides: Any) -> SamAmgModel:
+def load_for_eval(prompter: SamPrompter, **overrides: Any) -> SamAmgModel:
     """A model around an already loaded prompter (training and evaluation scripts)."""
     return SamAmgModel(AutomaticMaskGenerator(prompter), replace(AmgConfig(), **overrides))
