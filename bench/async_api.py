@@ -1,6 +1,7 @@
 """Benchmark of the async job API and the sync path (the figures of docs/benchmarks.md).
 
     .venv/bin/python bench/async_api.py [--server-cpus 0] [--client-cpus 1] [--duration 3]
+        [--only submit-idle,submit,wake,poll,e2e,sync]
 
 Starts real model servers (``twistd -n mortred-model``, the fake model) pinned to
 ``--server-cpus`` with ``taskset`` and drives them from this process pinned to
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,10 @@ async def sync_overhead(port: int, count: int) -> Stats:
     return await run_clients("127.0.0.1", port, 1, step, requests_per_client=count)
 
 
+#: what ``--only`` can name
+SCENARIOS = ("submit-idle", "submit", "wake", "poll", "e2e", "sync")
+
+
 def with_cpu(pid: int, load: Any) -> tuple[Stats, float]:
     """Run ``load`` (a coroutine giving Stats); also µs of ``pid``'s CPU per request."""
     before = cpu_seconds(pid)
@@ -166,13 +171,56 @@ def row(name: str, stats: Stats, extra: str = "") -> str:
     )
 
 
+def poll_rows(srv: Any, args: argparse.Namespace, tmp: Path, rows: list[str]) -> None:
+    """``GET /jobs/{id}`` at 1/16/64 connections, and a bare twisted.web resource
+    serving the same bytes, with each server's CPU per request."""
+    conn_job = asyncio.run(_one_done_job(srv.port))
+    status_path = f"/jobs/{conn_job}"
+    body_file = tmp / "status.json"
+    body_file.write_bytes(asyncio.run(_get(srv.port, status_path)))
+    bare_port = free_port()
+    bare = subprocess.Popen(
+        ["taskset", "-c", args.server_cpus, sys.executable,
+         str(ROOT / "bench" / "bare_server.py"), str(bare_port), str(body_file)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert bare.stdout is not None
+    bare.stdout.readline()
+    try:
+        for clients in (1, 16, 64):
+            ours, ours_cpu = with_cpu(
+                srv.process.pid, poll_throughput(srv.port, status_path, clients, args.duration)
+            )
+            base, base_cpu = with_cpu(
+                bare.pid, poll_throughput(bare_port, status_path, clients, args.duration)
+            )
+            ratio = ours.rate / base.rate if base.rate else float("nan")
+            note = f"{ratio:.0%} of bare; CPU {ours_cpu:.0f} µs/req = {ours_cpu / base_cpu:.0%}"
+            rows.append(row(f"GET /jobs/{{id}}, {clients} conn", ours, note))
+            bare_note = f"CPU {base_cpu:.0f} µs/req"
+            rows.append(row(f"bare twisted.web, {clients} conn", base, bare_note))
+            print(rows[-2], rows[-1], sep="\n", flush=True)
+    finally:
+        bare.terminate()
+        bare.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server-cpus", default="0")
     parser.add_argument("--client-cpus", default="1")
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--submits-per-client", type=int, default=40)
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS),
+        help="comma list of scenarios to run (submit-idle: the idle-pool submit row only)",
+    )  # fmt: skip
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only <= set(SCENARIOS):
+        parser.error(f"--only takes {', '.join(SCENARIOS)}")
+    if "submit" in only:
+        only.add("submit-idle")
     os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
 
     tmp = Path(tempfile.mkdtemp(prefix="mortred-bench-"))
@@ -189,55 +237,32 @@ def main() -> None:
         ("every worker on CPU-bound torch work", "cpu", "process", 10),
         ("every worker on pure-Python (GIL-holding) work", "python", "process", 10),
     ):
+        if not ("submit" in only or ("submit-idle" in only and mode is None)):
+            continue
         with server(cfg, args.server_cpus, isolation, nice) as srv:
             stats = asyncio.run(submit_latency(srv.port, mode, args.submits_per_client))
         name = f"submit ×32, {label}; {isolation} workers, nice {nice}"
         rows.append(row(name, stats))
         print(rows[-1], flush=True)
 
-    with server(cfg, args.server_cpus) as srv:
-        stats = asyncio.run(wake_latency(srv.port, 40))
-        rows.append(row("wake: terminal transition → waiter has the response", stats))
-        print(rows[-1], flush=True)
+    with server(cfg, args.server_cpus) if only & {"wake", "poll"} else nullcontext() as srv:
+        if "wake" in only:
+            stats = asyncio.run(wake_latency(srv.port, 40))
+            rows.append(row("wake: terminal transition → waiter has the response", stats))
+            print(rows[-1], flush=True)
+        if "poll" in only:
+            poll_rows(srv, args, tmp, rows)
 
-        conn_job = asyncio.run(_one_done_job(srv.port))
-        status_path = f"/jobs/{conn_job}"
-        body_file = tmp / "status.json"
-        body_file.write_bytes(asyncio.run(_get(srv.port, status_path)))
-        bare_port = free_port()
-        bare = subprocess.Popen(
-            ["taskset", "-c", args.server_cpus, sys.executable,
-             str(ROOT / "bench" / "bare_server.py"), str(bare_port), str(body_file)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert bare.stdout is not None
-        bare.stdout.readline()
-        try:
-            for clients in (1, 16, 64):
-                ours, ours_cpu = with_cpu(
-                    srv.process.pid, poll_throughput(srv.port, status_path, clients, args.duration)
-                )
-                base, base_cpu = with_cpu(
-                    bare.pid, poll_throughput(bare_port, status_path, clients, args.duration)
-                )
-                ratio = ours.rate / base.rate if base.rate else float("nan")
-                note = f"{ratio:.0%} of bare; CPU {ours_cpu:.0f} µs/req = {ours_cpu / base_cpu:.0%}"
-                rows.append(row(f"GET /jobs/{{id}}, {clients} conn", ours, note))
-                bare_note = f"CPU {base_cpu:.0f} µs/req"
-                rows.append(row(f"bare twisted.web, {clients} conn", base, bare_note))
-                print(rows[-2], rows[-1], sep="\n", flush=True)
-        finally:
-            bare.terminate()
-            bare.wait(10)
-
-    with server(cfg, args.server_cpus) as srv:
-        stats, cpu_us = with_cpu(srv.process.pid, end_to_end(srv.port, args.duration * 2))
-        rows.append(row("end to end: submit+wait+result, zero-delay model, 16 clients", stats,
-                        f"rate = jobs/s; server CPU {cpu_us:.0f} µs/job"))  # fmt: skip
-        print(rows[-1], flush=True)
-        stats = asyncio.run(sync_overhead(srv.port, 1000))
-        rows.append(row("sync /infer overhead (latency − model time), 1 client", stats))
-        print(rows[-1], flush=True)
+    with server(cfg, args.server_cpus) if only & {"e2e", "sync"} else nullcontext() as srv:
+        if "e2e" in only:
+            stats, cpu_us = with_cpu(srv.process.pid, end_to_end(srv.port, args.duration * 2))
+            rows.append(row("end to end: submit+wait+result, zero-delay model, 16 clients",
+                            stats, f"rate = jobs/s; server CPU {cpu_us:.0f} µs/job"))  # fmt: skip
+            print(rows[-1], flush=True)
+        if "sync" in only:
+            stats = asyncio.run(sync_overhead(srv.port, 1000))
+            rows.append(row("sync /infer overhead (latency − model time), 1 client", stats))
+            print(rows[-1], flush=True)
 
     print()
     print(f"server pinned to CPU {args.server_cpus}, client to CPU {args.client_cpus}; "
