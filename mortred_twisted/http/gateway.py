@@ -119,6 +119,7 @@ _DROP_RESPONSE = {
     b"content-length",
     b"date",
     b"server",
+    b"x-content-type-options",  # the gateway's server adds its own nosniff to every answer
 }
 
 
@@ -192,10 +193,10 @@ class GatewayApp:
 
     def dispatch(self, request: Any) -> Any:
         """Every path: health, metrics, the T15 table and the legacy sync routes."""
-        judged = getattr(request, "decided", None) or self._judge(request)
-        if isinstance(judged, bytes):
+        judged = request.decided or self._judge(request)
+        if type(judged) is bytes:
             return judged
-        route, decision, rid = judged
+        route, decision, rid, method = judged
         headers = self._forward_headers(request, route.kind, rid, decision)
         data = None
         content = request.content
@@ -204,7 +205,6 @@ class GatewayApp:
             length = content.tell()
             if length:
                 data = self.upstream.body_for(content, length)
-        method = request.method.decode("ascii", "replace")
         answer = self._forward(request, route, method, headers, data)
         if route.kind is RouteKind.SUBMIT and decision.caller.startswith(b"key:"):
             answer.addCallback(self._count_key_submit, request, decision.principal)
@@ -237,7 +237,7 @@ class GatewayApp:
 
     def _judge(self, request: Any) -> Any:
         """Everything decided before forwarding: the answer (bytes) to a request
-        that ends here, or ``(route, decision, request id)`` to forward."""
+        that ends here, or ``(route, decision, request id, method)`` to forward."""
         path = request.path.decode("latin-1")
         method = request.method.decode("ascii", "replace")
         rid = request.getHeader(b"x-request-id")
@@ -273,7 +273,7 @@ class GatewayApp:
             route = resolve(m, self.catalog, query, self.upstreams)
         except RouteError as e:
             return self._error(request, e.status, e.message, label, e.headers)
-        return route, decision, rid
+        return route, decision, rid, method
 
     def _metrics(self, request: Any, method: str) -> bytes:
         if method not in ("GET", "HEAD"):
