@@ -117,6 +117,12 @@ SAM_AMG_OUTPUT: dict[str, Any] = _one_or_many(
                         "predicted_iou": {"type": "number"},
                         "stability_score": {"type": "number"},
                         "point_coords": {"type": "array"},
+                        "crop_box": {
+                            "type": "array",
+                            "items": {"type": "number"},
+                            "description": "[x, y, w, h] of the crop the mask came from "
+                            "(the whole picture without crop layers)",
+                        },
                     },
                 },
             },
