@@ -25,8 +25,13 @@ from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import StoreUnavailable
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.stores.redis_scripts import LIST_SCAN, key_prefix
-from mortred_twisted.stores.redis_store import RedisJobStore
-from tests.stores.test_store_contract import REQ, eventually, redis, redis_store  # noqa: F401
+from tests.stores.test_store_contract import (  # noqa: F401
+    REQ,
+    Replicas,
+    eventually,
+    redis,
+    redis_store,
+)
 from tests.support.redis_server import RedisServer
 
 
@@ -36,19 +41,10 @@ def model_id() -> str:
 
 
 @pytest_twisted.async_yield_fixture
-async def stores(redis: RedisServer, model_id: str) -> AsyncIterator[Callable[..., Any]]:
-    built: list[RedisJobStore] = []
-
-    async def make(**kw: Any) -> RedisJobStore:
-        store = redis_store(redis.url, model_id, **kw)
-        store.start()
-        built.append(store)
-        await store.link.when_connected()
-        return store
-
-    yield make
-    for store in built:
-        await store.stop()
+async def stores(redis: RedisServer, model_id: str) -> AsyncIterator[Replicas]:
+    made = Replicas(redis.url, model_id)
+    yield made
+    await made.stop_all()
 
 
 def flag(redis: RedisServer, model_id: str, job: str) -> None:

@@ -20,7 +20,13 @@ from mortred_twisted.jobs.fair_queue import CallerTerms, FairQueue
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.stores.redis_store import RedisJobStore
-from tests.stores.test_store_contract import REQ, eventually, redis, redis_store  # noqa: F401
+from tests.stores.test_store_contract import (  # noqa: F401
+    REQ,
+    Replicas,
+    eventually,
+    redis,
+    redis_store,
+)
 from tests.support.redis_server import RedisServer, redis_server
 
 
@@ -30,20 +36,10 @@ def model_id() -> str:
 
 
 @pytest_twisted.async_yield_fixture
-async def stores(redis: RedisServer, model_id: str) -> AsyncIterator[Callable[..., Any]]:
-    built: list[RedisJobStore] = []
-
-    async def make(**kw: Any) -> RedisJobStore:
-        kw.setdefault("max_queue", 1000)
-        store = redis_store(redis.url, model_id, **kw)
-        store.start()
-        built.append(store)
-        await store.link.when_connected()
-        return store
-
-    yield make
-    for store in built:
-        await store.stop()
+async def stores(redis: RedisServer, model_id: str) -> AsyncIterator[Replicas]:
+    made = Replicas(redis.url, model_id, max_queue=1000)
+    yield made
+    await made.stop_all()
 
 
 async def claim_all(store: RedisJobStore, n: int) -> list[str]:

@@ -269,25 +269,38 @@ async def test_progress_of_a_running_job_is_visible(make_store: Factory) -> None
 # -- shared store: replicas ------------------------------------------------------------
 
 
+class Replicas:
+    """Builds started :class:`RedisJobStore` replicas of one model id on one Redis
+    (``await replicas(**kw)``, ``defaults`` under ``kw``) and stops them all."""
+
+    def __init__(self, url: str, model_id: str, **defaults: Any) -> None:
+        self._url = url
+        self._model_id = model_id
+        self._defaults = defaults
+        self._built: list[RedisJobStore] = []
+
+    async def __call__(self, **kw: Any) -> RedisJobStore:
+        store = redis_store(self._url, self._model_id, **{**self._defaults, **kw})
+        store.start()
+        self._built.append(store)
+        await store.link.when_connected()
+        return store
+
+    async def stop_all(self) -> None:
+        for store in self._built:
+            await store.stop()
+
+
 @pytest.fixture
 def model_id() -> str:
     return "R" + uuid.uuid4().hex[:8]
 
 
 @pytest_twisted.async_yield_fixture
-async def replicas(redis: RedisServer, model_id: str) -> AsyncIterator[Callable[..., Any]]:
-    built: list[RedisJobStore] = []
-
-    async def make(**kw: Any) -> RedisJobStore:
-        store = redis_store(redis.url, model_id, **kw)
-        store.start()
-        built.append(store)
-        await store.link.when_connected()
-        return store
-
-    yield make
-    for store in built:
-        await store.stop()
+async def replicas(redis: RedisServer, model_id: str) -> AsyncIterator[Replicas]:
+    made = Replicas(redis.url, model_id)
+    yield made
+    await made.stop_all()
 
 
 @pytest_twisted.ensureDeferred

@@ -20,10 +20,10 @@ from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import TERMINAL_STATES, JobState
 from mortred_twisted.jobs.store import settle
 from mortred_twisted.stores.memory_store import MemoryJobStore
-from mortred_twisted.stores.redis_store import RedisJobStore
 from tests.stores.test_store_contract import (  # noqa: F401
     REQ,
     Factory,
+    Replicas,
     eventually,
     make_store,
     redis,
@@ -132,19 +132,10 @@ def model_id() -> str:
 
 
 @pytest_twisted.async_yield_fixture
-async def replica(redis: RedisServer, model_id: str) -> AsyncIterator[Callable[..., Any]]:
-    built: list[RedisJobStore] = []
-
-    async def make(**kw: Any) -> RedisJobStore:
-        store = redis_store(redis.url, model_id, **kw)
-        store.start()
-        built.append(store)
-        await store.link.when_connected()
-        return store
-
-    yield make
-    for store in built:
-        await store.stop()
+async def replica(redis: RedisServer, model_id: str) -> AsyncIterator[Replicas]:
+    made = Replicas(redis.url, model_id)
+    yield made
+    await made.stop_all()
 
 
 @pytest_twisted.ensureDeferred
