@@ -178,16 +178,6 @@ class JobRoutes:
             return self.responder.respond(request, 200, status_body(snap), rid)
         return self.responder.respond(request, 202, status_body(snap), rid)
 
-    # -- listing and live events (their own modules) ------------------------------
-
-    def list_jobs(self, request: IRequest) -> Any:
-        """``GET /jobs``: :meth:`JobListing.list_jobs`."""
-        return self.listing.list_jobs(request)
-
-    def job_events(self, request: IRequest, job_id: str) -> Any:
-        """``GET /jobs/{id}/events``: :meth:`JobEventStream.job_events`."""
-        return self.events.job_events(request, job_id)
-
     # -- submit, status, wait, result ----------------------------------------------
 
     def jobs_disabled(self) -> ApiError | None:

@@ -86,9 +86,9 @@ class ModelServerApp:
         add("/jobs/<job_id>", ("GET",), "jobs_status", jobs.job_status)
         add("/jobs/<job_id>/wait", ("GET",), "jobs_wait", jobs.job_wait)
         add("/jobs/<job_id>/result", ("GET",), "jobs_result", jobs.job_result)
-        add("/jobs", ("GET",), "jobs_list", jobs.list_jobs)
+        add("/jobs", ("GET",), "jobs_list", jobs.listing.list_jobs)
         add("/jobs/<job_id>", ("DELETE",), "jobs_cancel", jobs.cancel_job)
-        add("/jobs/<job_id>/events", ("GET",), "jobs_events", jobs.job_events)
+        add("/jobs/<job_id>/events", ("GET",), "jobs_events", jobs.events.job_events)
         add("/queue", ("GET",), "queue", jobs.queue)
         self.checks.known_route = self.hot_routes().serves
         self.app.handle_errors(MethodNotAllowed)(self.checks.method_not_allowed)

@@ -16,7 +16,7 @@ from tests.http.test_model_server_app import make_app
 def stream(app: Any, job_id: str) -> tuple[DummyRequest, Any]:
     request = DummyRequest([b"jobs", job_id.encode(), b"events"])
     request.method = b"GET"
-    outcome = app.jobs.job_events(request, job_id)
+    outcome = app.jobs.events.job_events(request, job_id)
     return request, outcome
 
 
