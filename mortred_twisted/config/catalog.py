@@ -3,7 +3,8 @@
 The supervisor and the gateway build the same catalog from the same files, so they
 agree on ids, ports and URIs without talking to each other. ``[servers.<id>]`` tables
 of ``conf/mortred.toml`` are applied on top (enabled, autostart, restart policy, port,
-replicas), and ``[gateway.upstreams]`` adds remote replicas of an id.
+replicas or autoscaling, whose ``max_replicas`` ports are all reserved), and
+``[gateway.upstreams]`` adds remote replicas of an id.
 
 Invariants of a :class:`Catalog`: ids, ``host:port`` pairs (every replica's port:
 ``port … port+replicas-1``) and ``server_uri`` values are unique; a clash is a
@@ -21,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mortred_twisted.config.control import ControlConfig
+from mortred_twisted.config.control import AutoscaleSettings, ControlConfig
 from mortred_twisted.config.errors import ConfigErrors, did_you_mean
 from mortred_twisted.config.server import ServerConfig, build_server_config, find_root
 
@@ -49,6 +50,9 @@ class CatalogEntry:
     job_store: str = "memory"
     replicas: int = 1
     remote_upstreams: tuple[str, ...] = ()
+    #: autoscaling between min and max replicas (``replicas`` is then the max: every
+    #: port the id may use); None: ``replicas`` is a fixed count
+    autoscale: AutoscaleSettings | None = None
 
     @property
     def base_url(self) -> str:
@@ -82,6 +86,7 @@ class CatalogEntry:
             "job_store": self.job_store,
             "replicas": self.replicas,
             "remote_upstreams": list(self.remote_upstreams),
+            "autoscale": self.autoscale.to_json() if self.autoscale else None,
             "config": self.source,
         }
 
@@ -216,8 +221,15 @@ def apply_overrides(
                         else sup.restart_policy
                     ),
                     "port": o.port if o and o.port is not None else entry.port,
-                    "replicas": o.replicas if o and o.replicas is not None else 1,
+                    "replicas": (
+                        o.autoscale.max_replicas
+                        if o and o.autoscale is not None
+                        else o.replicas
+                        if o and o.replicas is not None
+                        else 1
+                    ),
                     "remote_upstreams": control.upstreams.get(entry.id, ()),
+                    "autoscale": o.autoscale if o else None,
                 }
             )
         )
@@ -236,7 +248,14 @@ def check_shared_store(entries: list[CatalogEntry]) -> list[str]:
     problems: list[str] = []
     for e in entries:
         processes = e.replicas + len(e.remote_upstreams)
-        if processes > 1 and e.job_store != "redis":
+        if e.autoscale is not None and e.job_store != "redis":
+            problems.append(
+                f'{e.source} ({e.id}): autoscaling (max_replicas) needs job_store = "redis" '
+                "in its [server] table: replicas that start and stop must share their "
+                "jobs (a stopped replica hands its claims back to the others); with the "
+                "in-memory store use a fixed replicas = N"
+            )
+        elif processes > 1 and e.job_store != "redis":
             what = f"replicas = {e.replicas}" if e.replicas > 1 else "[gateway.upstreams]"
             problems.append(
                 f'{e.source} ({e.id}): {what} needs job_store = "redis" in its [server] '

@@ -9,7 +9,11 @@ Three tables (contract § Supervisor)::
                    upstream_send_timeout_ms, upstream_recv_timeout_ms, api_keys,
                    max_persistent_per_host
     [gateway.upstreams]  <id> = ["http://host:port", …]  remote replicas of a model id
-    [servers.<id>] enabled, autostart, restart_policy, port, replicas
+    [servers.<id>] enabled, autostart, restart_policy, port, replicas, and autoscaling
+                   (max_replicas turns it on): min_replicas, max_replicas,
+                   target_backlog_per_replica, scale_up_window_s, scale_down_window_s,
+                   idle_to_zero_s, max_step, cooldown_s, autoscale_interval_s,
+                   cold_start_max_waiting, cold_start_timeout_s
 
 Every problem is collected and raised together as :class:`ConfigErrors`; unknown keys
 are errors with "did you mean". Relative paths are resolved against the project root
@@ -81,6 +85,58 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True)
+class AutoscaleSettings:
+    """Autoscaling of one model id (``[servers.<id>]`` with ``max_replicas``; the
+    policy is :mod:`mortred_twisted.supervisor.autoscale`, docs/configuration.md).
+
+    Times are seconds. ``max_step`` 0 = no limit per decision. The cold-start
+    bounds are the gateway's: at most ``cold_start_max_waiting`` requests of this id
+    held while its first replica starts, each for at most ``cold_start_timeout_s``.
+    """
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_backlog_per_replica: float = 4.0
+    scale_up_window_s: float = 2.0
+    scale_down_window_s: float = 60.0
+    idle_to_zero_s: float = 300.0
+    max_step: int = 0
+    cooldown_s: float = 5.0
+    interval_s: float = 1.0
+    cold_start_max_waiting: int = 64
+    cold_start_timeout_s: float = 60.0
+
+    def problems(self, where: str) -> list[str]:
+        """What is inconsistent between the keys (each key's own range is checked by
+        the schema)."""
+        if self.max_replicas < max(self.min_replicas, 1):
+            return [
+                f"{where}: max_replicas ({self.max_replicas}) must be >= min_replicas "
+                f"({self.min_replicas}) and >= 1"
+            ]
+        return []
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+#: ``[servers.<id>]`` key -> AutoscaleSettings field (the same name but one).
+AUTOSCALE_KEYS = {
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "target_backlog_per_replica": "target_backlog_per_replica",
+    "scale_up_window_s": "scale_up_window_s",
+    "scale_down_window_s": "scale_down_window_s",
+    "idle_to_zero_s": "idle_to_zero_s",
+    "max_step": "max_step",
+    "cooldown_s": "cooldown_s",
+    "autoscale_interval_s": "interval_s",
+    "cold_start_max_waiting": "cold_start_max_waiting",
+    "cold_start_timeout_s": "cold_start_timeout_s",
+}
+
+
+@dataclass(frozen=True)
 class ServerOverride:
     """``[servers.<id>]``: per-server overrides of the catalog defaults.
 
@@ -92,6 +148,8 @@ class ServerOverride:
     restart_policy: str | None = None
     port: int | None = None
     replicas: int | None = None
+    #: autoscaling (``max_replicas`` set); None: a fixed count (``replicas``)
+    autoscale: AutoscaleSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +205,17 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "restart_policy": (str,),
         "port": (int,),
         "replicas": (int,),
+        "min_replicas": (int,),
+        "max_replicas": (int,),
+        "target_backlog_per_replica": (int, float),
+        "scale_up_window_s": (int, float),
+        "scale_down_window_s": (int, float),
+        "idle_to_zero_s": (int, float),
+        "max_step": (int,),
+        "cooldown_s": (int, float),
+        "autoscale_interval_s": (int, float),
+        "cold_start_max_waiting": (int,),
+        "cold_start_timeout_s": (int, float),
     },
 }
 
@@ -169,6 +238,17 @@ _RANGES: dict[str, tuple[float, float | None]] = {
     "upstream_recv_timeout_ms": (1, None),
     "max_persistent_per_host": (1, 10000),
     "replicas": (1, 64),
+    "min_replicas": (0, 64),
+    "max_replicas": (1, 64),
+    "target_backlog_per_replica": (0.01, None),
+    "scale_up_window_s": (0, 86400),
+    "scale_down_window_s": (0, 86400),
+    "idle_to_zero_s": (0, None),
+    "max_step": (0, 64),
+    "cooldown_s": (0, 86400),
+    "autoscale_interval_s": (0.05, 3600),
+    "cold_start_max_waiting": (0, 100000),
+    "cold_start_timeout_s": (0.1, 3600),
 }
 
 
@@ -194,6 +274,28 @@ def _section(cls: type, table: Any, where: str, problems: list[str]) -> dict[str
             continue
         values[key] = value
     return values
+
+
+def _autoscale(values: dict[str, Any], where: str, problems: list[str]) -> AutoscaleSettings | None:
+    """Pops the autoscale keys out of a ``[servers.<id>]`` table's checked values:
+    the settings when ``max_replicas`` is given, else None (the other keys alone,
+    or with ``replicas``, are problems)."""
+    given = {AUTOSCALE_KEYS[k]: values.pop(k) for k in list(values) if k in AUTOSCALE_KEYS}
+    if not given:
+        return None
+    if "max_replicas" not in given:
+        names = ", ".join(sorted(k for k, f in AUTOSCALE_KEYS.items() if f in given))
+        problems.append(f"{where}: {names} need max_replicas (autoscaling is on with it)")
+        return None
+    if values.get("replicas") is not None:
+        problems.append(
+            f"{where}: replicas is a fixed count; with autoscaling give min_replicas "
+            "and max_replicas instead"
+        )
+        return None
+    settings = AutoscaleSettings(**given)
+    problems.extend(settings.problems(where))
+    return settings
 
 
 def _upstreams(table: Any, problems: list[str]) -> dict[str, tuple[str, ...]]:
@@ -254,7 +356,9 @@ def build_control_config(
         problems.append("servers: expected a table of [servers.<id>] tables")
         raw_servers = {}
     for server_id, table in raw_servers.items():
-        values = _section(ServerOverride, table, f"servers.{server_id}", problems)
+        where = f"servers.{server_id}"
+        values = _section(ServerOverride, table, where, problems)
+        values["autoscale"] = _autoscale(values, where, problems)
         servers[server_id] = ServerOverride(**values)
     if problems:
         raise ConfigErrors(source, problems)
