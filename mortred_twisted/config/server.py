@@ -268,6 +268,25 @@ def job_store_problems(server: Mapping[str, Any], root: Path | None = None) -> l
     return problems
 
 
+def _resolve_model_file(model_type: str, source: str) -> tuple[str, str | None]:
+    """A ``file.py:Class`` type with its file made absolute (relative to the folder of
+    the server file ``source``), and the problem if that file does not exist."""
+    from mortred_twisted.sdk.loading import is_file_target
+
+    if not is_file_target(model_type):
+        return model_type, None
+    file, _, attr = model_type.rpartition(":")
+    path = Path(file)
+    if not path.is_absolute():
+        base = Path(source).parent if source and not source.startswith("<") else Path(".")
+        path = (base / path).resolve()
+    if not attr.isidentifier():
+        return model_type, f"model.type: {model_type!r}: {attr!r} is not a class name"
+    if not path.is_file():
+        return model_type, f"model.type: {model_type!r}: file not found: {path}"
+    return f"{path}:{attr}", None
+
+
 def find_root(path: Path) -> Path:
     """The project root for a config file: the parent of its enclosing ``conf/``."""
     for parent in path.resolve().parents:
@@ -385,8 +404,14 @@ def build_server_config(
 
     model_type = model.pop("type", None)
     if not isinstance(model_type, str) or not model_type:
-        problems.append("model.type: required (a registry key, e.g. 'fake' or 'DDPM')")
+        problems.append(
+            "model.type: required (a built-in type such as 'fake' or 'DDPM', "
+            "'package.module:Class' or 'path/to/file.py:Class')"
+        )
         model_type = "fake"
+    model_type, type_problem = _resolve_model_file(model_type, source)
+    if type_problem:
+        problems.append(type_problem)
     model_config = model.pop("config", None)
     options: dict[str, Any] = {}
     if model_config is not None:

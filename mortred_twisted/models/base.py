@@ -89,6 +89,8 @@ class InferenceRequest:
     req_id: str
     images: tuple[bytes, ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: params came as text fields (a multipart submit): scalars are parsed by type
+    text_params: bool = False
 
     def with_params(self, params: Mapping[str, Any]) -> InferenceRequest:
         return replace(self, params=dict(params))
@@ -106,6 +108,17 @@ class RunContext:
         self._on_progress = on_progress
         self._cancelled = threading.Event()
         self._progress: tuple[int, int] | None = None
+        #: the job this run serves (None on the sync path); set before the run starts
+        self.job_id: str | None = None
+        #: where the run's result files go (``sdk.outputs.FileSink``); None: inline
+        self.result_files: Any = None
+        #: called (worker thread) with each event an SDK model emits: (name, data)
+        self.on_event: Callable[[str, Any], None] | None = None
+
+    def event(self, name: str, data: Any) -> None:
+        """Forward an event the model emitted (a preview, a streamed output)."""
+        if self.on_event is not None:
+            self.on_event(name, data)
 
     def progress(self, step: int, total: int) -> None:
         """Report that ``step`` of ``total`` steps are done."""

@@ -47,10 +47,8 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     imported or a bad limit; the family's own loading errors propagate unchanged.
     """
     target = MODEL_FACTORIES.get(model_type)
-    if target is None:
-        raise ModelLoadError(
-            f"unknown model type {model_type!r}; known: {', '.join(known_model_types())}"
-        )
+    if target is None:  # a user's model: module:Class, file.py:Class or an entry point
+        return create_sdk_model(model_type, options, root)
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -66,3 +64,17 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     model = factory(options, root)
     model.input_limits = limits
     return model
+
+
+def create_sdk_model(model_type: str, options: Mapping[str, Any], root: Path) -> Model:
+    """A user's :class:`~mortred_twisted.sdk.ServedModel` built and set up (see
+    :mod:`mortred_twisted.sdk.loading`); its input limits are the generic ones unless
+    its options set ``max_images``/``max_pixels``."""
+    from mortred_twisted.sdk.loading import build_sdk_model, load_served_class
+
+    cls = load_served_class(model_type)
+    try:
+        limits, options = split_input_limits(model_type, options)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return build_sdk_model(cls, options, root, input_limits=limits)

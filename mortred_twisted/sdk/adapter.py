@@ -1,0 +1,195 @@
+"""``SdkModel``: a user's :class:`~mortred_twisted.sdk.served.ServedModel` behind the
+server's :class:`~mortred_twisted.models.base.Model` interface.
+
+The worker pool, the job runner, the sync path, step batching and process isolation
+see an ordinary ``Model``; this adapter translates:
+
+* :meth:`SdkModel.validate` (reactor thread, before admission) checks the request
+  against the declaration (:func:`~mortred_twisted.sdk.validation.validate_inputs`)
+  and returns it with normalised params and the binary inputs' bytes as ``images``;
+* :meth:`SdkModel.run` (worker thread) rebuilds the keyword arguments (file
+  references become :class:`~mortred_twisted.sdk.media.Image`/``File`` values), calls
+  ``predict`` with a :class:`~mortred_twisted.sdk.context.Context`, and encodes the
+  output (result files through the run context's sink, see ``sdk/outputs.py``). A
+  streaming ``predict`` sends each yielded value as an ``output`` event and returns
+  the list of them; cancellation is checked between yields.
+* :meth:`SdkModel.run_batch` calls ``predict_batch`` when the model defines it: one
+  entry per request, an exception fails its own item only; a wrong-length answer
+  fails every item with a message saying so.
+
+A *validation twin* (no instance) validates exactly like the loaded model: the
+declaration is plain data, so process-isolated workers send it to the server as
+JSON and the server never imports the user's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.logger import Logger
+
+from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.sdk.context import Context
+from mortred_twisted.sdk.declaration import Declaration
+from mortred_twisted.sdk.media import File, Image
+from mortred_twisted.sdk.outputs import OutputEncoder
+from mortred_twisted.sdk.validation import FILE_REF, validate_inputs
+
+log = Logger(namespace="mortred.model")
+
+
+class BatchLengthError(RuntimeError):
+    """``predict_batch`` answered a different number of entries than it was given."""
+
+
+class SdkModel(Model):
+    """See the module docstring."""
+
+    #: the seed envelope's ``images`` are optional for SDK models (inputs go by name)
+    images_optional = True
+    uses_images = False
+
+    def __init__(
+        self,
+        declaration: Declaration,
+        instance: Any | None = None,
+        *,
+        input_limits: Any = None,
+    ) -> None:
+        self.declaration = declaration
+        self.instance = instance
+        self.input_limits = input_limits
+        self.output_schema = declaration.output.json_schema() or None
+
+    # -- reactor side ---------------------------------------------------------
+
+    def validate(self, request: InferenceRequest) -> InferenceRequest:
+        params, files = validate_inputs(
+            self.declaration,
+            request.params,
+            request.images,
+            limits=self.input_limits,
+            from_text=request.text_params,
+        )
+        return InferenceRequest(req_id=request.req_id, images=files, params=params)
+
+    def validation_twin(self) -> SdkModel:
+        return SdkModel(self.declaration, None, input_limits=self.input_limits)
+
+    # -- worker side ----------------------------------------------------------
+
+    def _kwargs(self, request: InferenceRequest) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        for decl in self.declaration.inputs:
+            value = request.params.get(decl.name)
+            if decl.binary and value is not None:
+                make = Image if decl.kind == "image" else File
+                if decl.is_list:
+                    value = [self._media(make, ref, request) for ref in value]
+                else:
+                    value = self._media(make, value, request)
+            kwargs[decl.name] = value
+        return kwargs
+
+    @staticmethod
+    def _media(make: type[File], ref: Mapping[str, Any], request: InferenceRequest) -> File:
+        return make(request.images[ref[FILE_REF]], ref.get("content_type"), name=ref.get("name"))
+
+    def _context(self, ctx: RunContext, request_id: str, encoder: OutputEncoder) -> Context:
+        counts: dict[str, int] = {}
+
+        def emit(name: str, value: Any) -> None:
+            n = counts.get(name, 0)
+            counts[name] = n + 1
+            ctx.event(name, encoder.encode(value, f"{name}-{n}"))
+
+        def write_log(message: str) -> None:
+            log.info("[{req_id}] {message}", req_id=request_id, message=message)
+
+        return Context(ctx, request_id=request_id, emit=emit, log=write_log)
+
+    def _require_instance(self) -> Any:
+        if self.instance is None:
+            raise RuntimeError("a validation twin cannot run")
+        return self.instance
+
+    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+        instance = self._require_instance()
+        encoder = OutputEncoder(ctx.result_files)
+        kwargs = self._kwargs(request)
+        if self.declaration.takes_context:
+            kwargs["ctx"] = self._context(ctx, request.req_id, encoder)
+        ctx.check_cancelled()
+        out = instance.predict(**kwargs)
+        if not self.declaration.streams:
+            return encoder.encode(out)
+        results = []
+        try:
+            for i, item in enumerate(out):
+                data = encoder.encode(item, f"output-{i}")
+                results.append(data)
+                ctx.event("output", data)
+                ctx.check_cancelled()
+        finally:
+            close = getattr(out, "close", None)
+            if close is not None:
+                close()  # runs the generator's finally blocks when we stop early
+        return results
+
+    def run_batch(
+        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        if self.declaration.max_batch_size <= 1 or len(requests) == 1:
+            return super().run_batch(requests, ctxs)
+        instance = self._require_instance()
+        encoders = [OutputEncoder(ctx.result_files) for ctx in ctxs]
+        items = []
+        for request in requests:
+            items.append(self._kwargs(request))
+        ctx = Context(_BatchRunContext(ctxs), request_id=",".join(r.req_id for r in requests))
+        try:
+            outputs = list(instance.predict_batch(ctx, items))
+        except Exception as exc:
+            return [exc for _ in requests]
+        if len(outputs) != len(requests):
+            error = BatchLengthError(
+                f"predict_batch returned {len(outputs)} entries for {len(requests)} items"
+            )
+            return [error for _ in requests]
+        results: list[Any | BaseException] = []
+        for out, encoder in zip(outputs, encoders, strict=True):
+            if isinstance(out, BaseException):
+                results.append(out)
+                continue
+            try:
+                results.append(encoder.encode(out))
+            except (TypeError, ValueError) as exc:
+                results.append(exc)
+        return results
+
+    def close(self) -> None:
+        if self.instance is not None:
+            self.instance.close()
+
+
+class _BatchRunContext(RunContext):
+    """The run context of a batch: progress goes to every item; cancelled when every
+    item is (a batch mate's cancel must not stop the others)."""
+
+    def __init__(self, ctxs: Sequence[RunContext]) -> None:
+        super().__init__()
+        self._ctxs = list(ctxs)
+
+    def progress(self, step: int, total: int) -> None:
+        super().progress(step, total)
+        for ctx in self._ctxs:
+            ctx.progress(step, total)
+
+    @property
+    def cancelled(self) -> bool:
+        return all(ctx.cancelled for ctx in self._ctxs)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled:
+            self._ctxs[0].check_cancelled()

@@ -1,0 +1,255 @@
+"""Checking a request's inputs against a declaration (pure; the reactor's side).
+
+:func:`validate_inputs` runs before admission, on the reactor thread: it must stay
+cheap (no decoding beyond base64 and image headers). It takes the request's
+``params`` (JSON values, or :class:`Upload` parts of a multipart submit) and the seed
+envelope's ``images``, and returns:
+
+* the normalised params: every declared input present (defaults filled in), scalars
+  coerced (a multipart field's text ``"2"`` becomes ``2`` for an ``int``), and each
+  binary input replaced by a *file reference* ``{"$file": i, "content_type": …,
+  "name": …}`` (or a list of them);
+* the bytes those references index, in order: they travel as the request's
+  ``images`` (raw bytes on the Redis wire, never base64 in JSON).
+
+Every problem raises :class:`~mortred_twisted.models.base.InvalidRequest` naming
+``params.<input>`` (``params.<input>[i]`` for a list item): unknown key (with the
+closest name), required input missing, wrong type, bound, choice, length, item count.
+Image inputs are checked from their headers against the model's input limits
+(:class:`~mortred_twisted.models.base.InputTooLarge`, 413; an unreadable header is
+:class:`~mortred_twisted.models.base.InputDecodeError`, 400).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mortred_twisted.models.base import InputDecodeError, InputTooLarge, InvalidRequest
+from mortred_twisted.sdk.media import IMAGE_CONTENT_TYPES, sniff_image_type
+
+if TYPE_CHECKING:
+    from mortred_twisted.models.input_limits import InputLimits
+    from mortred_twisted.sdk.declaration import Declaration, InputDecl
+
+FILE_REF = "$file"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One file part of a multipart submit (bytes as received)."""
+
+    data: bytes
+    content_type: str | None = None
+    filename: str | None = None
+
+
+def _bad(where: str, message: str) -> InvalidRequest:
+    return InvalidRequest(where, message)
+
+
+def _from_text(decl: InputDecl, value: str, where: str) -> Any:
+    """A multipart field's text as the input's scalar type."""
+    kind = decl.kind
+    text = value.strip()
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        raise _bad(where, f"must be {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise _bad(where, "must be a boolean (true or false)")
+    return value
+
+
+def check_scalar(decl: InputDecl, value: Any, where: str, *, from_text: bool = False) -> Any:
+    """One scalar value of ``decl`` checked and coerced (raises InvalidRequest)."""
+    kind = decl.kind
+    if from_text and isinstance(value, str) and kind != "str":
+        value = _from_text(decl, value, where)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _bad(where, "must be a boolean")
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(where, "must be an integer")
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise _bad(where, "must be an integer")
+            value = int(value)
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(where, "must be a number")
+        value = float(value)
+        if not math.isfinite(value):
+            raise _bad(where, "must be finite")
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise _bad(where, "must be a string")
+        if decl.min_length is not None and len(value) < decl.min_length:
+            raise _bad(where, f"must be at least {decl.min_length} characters")
+        if decl.max_length is not None and len(value) > decl.max_length:
+            raise _bad(where, f"must be at most {decl.max_length} characters")
+    if decl.ge is not None and value < decl.ge:
+        raise _bad(where, f"must be >= {decl.ge} (got {value})")
+    if decl.le is not None and value > decl.le:
+        raise _bad(where, f"must be <= {decl.le} (got {value})")
+    if decl.choices is not None and value not in decl.choices:
+        allowed = ", ".join(repr(c) for c in decl.choices)
+        raise _bad(where, f"must be one of {allowed} (got {value!r})")
+    return value
+
+
+def _decode_text(value: str, where: str) -> tuple[bytes, str | None]:
+    """A base64 string or a ``data:`` URI → (bytes, the URI's content type)."""
+    text = value.strip()
+    content_type = None
+    if text.startswith("data:"):
+        head, sep, text = text.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise _bad(where, "a data: URI must be base64 (data:<type>;base64,<data>)")
+        content_type = head[5 : -len(";base64")].split(";", 1)[0] or None
+    try:
+        return base64.b64decode(text, validate=True), content_type
+    except (binascii.Error, ValueError):
+        raise _bad(where, "is not valid base64 (or a data: URI)") from None
+
+
+class _Files:
+    """The bytes of the request's binary inputs, collected in order."""
+
+    __slots__ = ("data", "images", "limits")
+
+    def __init__(self, limits: InputLimits | None) -> None:
+        self.data: list[bytes] = []
+        self.images: list[tuple[str, bytes]] = []
+        self.limits = limits
+
+    def add(self, decl: InputDecl, value: Any, where: str) -> dict[str, Any]:
+        if isinstance(value, Upload):
+            data, content_type, name = value.data, value.content_type, value.filename
+        elif isinstance(value, (bytes, bytearray)):  # the seed envelope's images
+            data, content_type, name = bytes(value), None, None
+        elif isinstance(value, str):
+            data, content_type = _decode_text(value, where)
+            name = None
+        else:
+            raise _bad(where, "must be a base64 string, a data: URI or a multipart file part")
+        if not data:
+            raise _bad(where, "is empty")
+        if decl.kind == "image":
+            sniffed = sniff_image_type(data[:16])
+            if content_type not in (None, "application/octet-stream") and (
+                content_type not in IMAGE_CONTENT_TYPES
+            ):
+                raise _bad(where, f"must be an image, not {content_type}")
+            content_type = sniffed or content_type
+            self.images.append((where, data))
+        ref = {FILE_REF: len(self.data), "content_type": content_type, "name": name}
+        self.data.append(data)
+        return ref
+
+    def check_images(self) -> None:
+        if self.limits is None or not self.images:
+            return
+        from mortred_twisted.models.input_limits import InputLimits, check_input_limits
+
+        if self.limits.max_images is not None and len(self.images) > self.limits.max_images:
+            check_input_limits([b for _, b in self.images], self.limits)  # raises 413
+        if self.limits.max_pixels is None:
+            return
+        per_image = InputLimits(max_images=None, max_pixels=self.limits.max_pixels)
+        for where, data in self.images:
+            try:
+                check_input_limits([data], per_image)
+            except InputTooLarge as exc:
+                raise InputTooLarge(where, exc.message, limit=exc.limit, value=exc.value) from None
+            except InputDecodeError as exc:
+                text = str(exc).removeprefix("images[0]: ")
+                raise InputDecodeError(f"{where}: {text}") from None
+
+
+def _value(decl: InputDecl, value: Any, where: str, files: _Files, from_text: bool) -> Any:
+    if decl.binary:
+        return files.add(decl, value, where)
+    return check_scalar(decl, value, where, from_text=from_text)
+
+
+def validate_inputs(
+    declaration: Declaration,
+    params: Mapping[str, Any] | None,
+    images: Sequence[bytes] = (),
+    *,
+    limits: InputLimits | None = None,
+    from_text: bool = False,
+) -> tuple[dict[str, Any], tuple[bytes, ...]]:
+    """See the module docstring. ``from_text``: scalar values may be text (a
+    multipart submit's fields)."""
+    from mortred_twisted.sdk.declaration import DEFAULT_MAX_ITEMS
+
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise InvalidRequest("params", "must be a JSON object")
+    names = [d.name for d in declaration.inputs]
+    for key in params:
+        if declaration.input(str(key)) is None:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            suffix = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise _bad(
+                f"params.{key}",
+                f"unknown input{suffix}; accepted: {', '.join(names) or 'none'}",
+            )
+    params = dict(params)
+    if images:
+        target = declaration.image_input
+        if target is None:
+            raise _bad("images", "this model takes no images (or several: name them in params)")
+        if target.name in params:
+            raise _bad("images", f"give the picture(s) either as images or params.{target.name}")
+        params[target.name] = list(images) if target.is_list else images[0]
+        if not target.is_list and len(images) > 1:
+            raise _bad("images", f"this model takes one image (params.{target.name})")
+    files = _Files(limits)
+    out: dict[str, Any] = {}
+    for decl in declaration.inputs:
+        where = f"params.{decl.name}"
+        value = params.get(decl.name)
+        if value is None:
+            if decl.required:
+                raise _bad(where, "is required")
+            out[decl.name] = (
+                decl.default if not decl.is_list or decl.default is None else list(decl.default)
+            )
+            continue
+        if decl.is_list:
+            if not isinstance(value, (list, tuple)):
+                if from_text or isinstance(value, Upload):
+                    value = [value]  # one multipart part of a list input
+                else:
+                    raise _bad(where, "must be an array")
+            cap = decl.max_items or DEFAULT_MAX_ITEMS
+            if len(value) > cap:
+                raise _bad(where, f"at most {cap} items (got {len(value)})")
+            out[decl.name] = [
+                _value(decl, item, f"{where}[{i}]", files, from_text)
+                for i, item in enumerate(value)
+            ]
+        else:
+            if isinstance(value, (list, tuple)) and not decl.binary:
+                raise _bad(where, f"must be a single {decl.kind}, not an array")
+            out[decl.name] = _value(decl, value, where, files, from_text)
+    files.check_images()
+    return out, tuple(files.data)
