@@ -18,7 +18,10 @@ Ownership and leases: the Deferred :meth:`StepLoop.submit` returns fires once, w
 the run has left the batch (done, failed, cancelled): the worker-pool slot the caller
 leased for the run is released then, exactly as after a thread returns; it has no
 canceller (stop a run through its ``RunContext``). A crash of the step itself (a bug,
-not a run's failure) fails every run in the batch and empties it.
+not a run's failure) fails every run in the batch and empties it. Whenever the batch
+holds no run while the loop still holds runs it never reported as left (a step that
+dropped a cancelled run and then failed), those runs end too, once, with the step's
+error (or a ``RuntimeError``), and the loop stops: it never steps an empty batch.
 
 Thread contract: :func:`run_model`, :meth:`StepLoop.submit` and the loop's bookkeeping
 run on the reactor thread; :func:`_tick` runs on the model thread pool, one at a time
@@ -128,7 +131,7 @@ class StepLoop:
                 joining, self._joining = self._joining, []
                 for entry in joining:
                     self._running[entry.key] = entry
-                left = await self._threads.run(
+                left, held, crash = await self._threads.run(
                     _tick, batch, [(e.key, e.request, e.ctx) for e in joining],
                     self._joined_at, self.newcomers_waiting,
                 )  # fmt: skip
@@ -142,8 +145,25 @@ class StepLoop:
                         entry.deferred.errback(Failure(outcome))
                     else:
                         entry.deferred.callback(outcome)
+                if not held and self._running:
+                    self._end_unreported(crash)
         finally:
             self._looping = False
+
+    def _end_unreported(self, crash: BaseException | None) -> None:
+        """The batch holds no run, yet runs it never reported as left are still ours
+        (a step dropped them, then failed, or a batch lost them): end each once, with
+        the step's error if it failed, so no caller waits forever and no empty batch
+        is stepped."""
+        lost = list(self._running.values())
+        self._running.clear()
+        log.error(
+            "the step batch dropped {n} run(s) without reporting them; they fail", n=len(lost)
+        )
+        for entry in lost:
+            self._joined_at.pop(entry.key, None)
+            error = crash or RuntimeError("the step batch dropped this run without reporting it")
+            entry.deferred.errback(Failure(error))
 
     def _crashed(self, failure: Failure) -> None:
         """The loop itself failed: fail every run it held (they are out of the batch)."""
@@ -161,10 +181,13 @@ def _tick(
     joining: list[tuple[int, InferenceRequest, RunContext]],
     joined_at: dict[int, float],
     newcomers_waiting: Callable[[], bool],
-) -> list[tuple[int, EncodedResult | BaseException]]:
+) -> tuple[list[tuple[int, EncodedResult | BaseException]], int, BaseException | None]:
     """Pool-thread body: join the newcomers, step until a run leaves or another run
-    waits to join, encode who left."""
+    waits to join, encode who left. Returns ``(left, held, crash)``: the runs that
+    left with their outcome, how many runs the batch still holds, and the error of a
+    step that failed (None if none did)."""
     left: list[tuple[int, Any]] = []
+    crash: BaseException | None = None
     for key, request, ctx in joining:
         joined_at[key] = time.perf_counter()
         try:
@@ -179,6 +202,7 @@ def _tick(
     except Exception as exc:
         # Not one run's failure (those are outcomes): the batch's state is unknown.
         log.failure("a step of the batch failed; every run in it fails")
+        crash = exc
         left.extend((key, exc) for key in batch.abandon())
     out: list[tuple[int, EncodedResult | BaseException]] = []
     now = time.perf_counter()
@@ -191,4 +215,4 @@ def _tick(
             out.append((key, EncodedResult(encode_data(outcome), (now - started) * 1000.0)))
         except (TypeError, ValueError) as exc:
             out.append((key, exc))
-    return out
+    return out, batch.active, crash

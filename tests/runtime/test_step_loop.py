@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
@@ -194,6 +195,57 @@ def test_a_crashing_step_fails_every_run_and_the_loop_recovers() -> None:
     again = results(run_model(threads, model, request("c", steps=1), RunContext()))
     threads.drain()
     assert again[0].data_json == b'{"req":"c","steps":1}'
+
+
+class LosingBatch(CountingBatch):
+    """A step that drops a cancelled run, then fails in the batched call and loses
+    its list of the runs that left (the shape of issue 29's DenoiseBatch bug)."""
+
+    def step(self) -> list[tuple[int, Any]]:
+        for key, run in list(self.runs.items()):
+            if run["ctx"].cancelled:
+                del self.runs[key]  # left, but never reported
+        if self.crash:
+            raise RuntimeError("the batched denoiser call failed")
+        return super().step()
+
+
+def test_a_step_that_drops_a_run_and_fails_ends_every_run_and_stops() -> None:
+    """A run dropped by a step that then fails still ends (once), its mates fail with
+    the step's error, and the loop stops instead of stepping an empty batch (before:
+    the dropped run's Deferred never fired and the loop ticked on forever)."""
+    threads, batch = HandThreads(), LosingBatch()
+    loop = StepLoop(batch, threads)
+    ctx = RunContext()
+    dropped = results(loop.submit(request("a", steps=5), ctx))
+    mate = results(loop.submit(request("b", steps=5), RunContext()))
+    threads.step()  # both joined: the first step
+    ctx.cancel()
+    batch.crash = True
+    for _ in range(5):  # bounded: the bug kept one thread call queued forever
+        if not threads.pending:
+            break
+        threads.step()
+    assert threads.pending == 0 and loop.runs == 0 and loop.ticks <= 3
+    assert len(dropped) == 1 and isinstance(dropped[0], Failure)
+    assert len(mate) == 1 and mate[0].check(RuntimeError)
+
+
+def test_a_batch_that_forgets_a_run_ends_it_once_it_is_empty() -> None:
+    """A step that drops a run without reporting it (and without failing): the run is
+    failed once the batch holds nothing, and no empty batch is stepped."""
+
+    class Forgetful(CountingBatch):
+        def step(self) -> list[tuple[int, Any]]:
+            self.runs.pop(1, None)  # the first run vanishes
+            return super().step()
+
+    threads, batch = HandThreads(), Forgetful()
+    loop = StepLoop(batch, threads)
+    lost = results(loop.submit(request("a", steps=3), RunContext()))
+    threads.step()
+    assert threads.pending == 0 and loop.runs == 0 and loop.ticks == 1
+    assert lost[0].check(RuntimeError) and "without reporting" in str(lost[0].value)
 
 
 def test_a_model_of_capacity_one_runs_on_a_thread_of_its_own() -> None:

@@ -128,9 +128,25 @@ class DenoiseBatch(StepBatch):
     # -- one step -----------------------------------------------------------------
 
     def step(self) -> list[tuple[int, Any]]:
+        """One step of every run (see :class:`StepBatch`). When a part the runs
+        share fails (the batched denoiser call: out of memory, a broken kernel), every
+        run still held leaves with that error and the batch is empty; runs that left
+        earlier in the same step (cancelled, failed alone) keep their own outcome. So
+        every run that left is reported, once, and the step itself never raises."""
         left: list[tuple[int, Any]] = []
-        inputs: dict[int, torch.Tensor] = {}
         finished: list[tuple[int, _Run]] = []
+        try:
+            self._step(left, finished)
+        except Exception as exc:
+            reported = {key for key, _ in left}
+            left.extend((key, exc) for key, _ in finished if key not in reported)
+            left.extend((key, exc) for key in self.abandon())
+        return left
+
+    def _step(self, left: list[tuple[int, Any]], finished: list[tuple[int, _Run]]) -> None:
+        """:meth:`step`'s body: appends each run that leaves to ``left`` as it does
+        (and each run whose last step is done to ``finished``, out of the batch)."""
+        inputs: dict[int, torch.Tensor] = {}
         with torch.inference_mode():
             for key, run in list(self._runs.items()):
                 try:
@@ -153,7 +169,6 @@ class DenoiseBatch(StepBatch):
                     finished.append((key, run))
                     del self._runs[key]
             left += self._finish(finished)
-        return left
 
     def _leave(self, key: int, exc: Exception) -> Exception:
         self._runs.pop(key, None)

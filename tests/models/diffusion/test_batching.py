@@ -470,3 +470,28 @@ def test_cuda_batch_gives_each_image_alone(
     together = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 1, 2, 2, 3])
     for i, data in enumerate(alone):
         assert max_diff(together[i], data) <= TOLERANCE, (i, dtype)
+
+
+def test_a_failing_denoiser_call_reports_the_runs_that_left_before_it(
+    build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run cancelled before the step whose batched denoiser call fails is reported
+    with RunCancelled, its mate with the call's error, and the batch is empty (before:
+    the step raised and the cancelled run was reported by nobody)."""
+    model = build("DDIM", max_running_jobs=4)
+    batch = DenoiseBatch(model, 32)
+    reqs = requests(model, [{"sample_steps": 5, "seed": 1}, {"sample_steps": 5, "seed": 2}])
+    cancelled = RunContext()
+    batch.join(1, reqs[0], cancelled)
+    batch.join(2, reqs[1], RunContext())
+    batch.step()
+    cancelled.cancel()
+
+    def broken(*_args: Any) -> torch.Tensor:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(model, "denoise", broken)
+    left = dict(batch.step())
+    assert sorted(left) == [1, 2] and batch.active == 0
+    assert isinstance(left[1], RunCancelled)
+    assert isinstance(left[2], RuntimeError) and "out of memory" in str(left[2])
