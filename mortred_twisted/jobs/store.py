@@ -18,8 +18,13 @@ with Deferreds (no Redis call ever blocks the reactor thread). Callers go throug
 - ``terminate(job_id, state, …)`` is the single non-terminal → terminal transition
   (any state of ``TERMINAL_STATES``): it happens at most once per job, frees the
   request payload, decrements the depth once and makes the job visible to
-  retention. Later calls answer False. New terminal states (e.g. ``cancelled``)
-  need no new method.
+  retention. It answers the state the job ended in (a job whose cancel was
+  accepted ends ``cancelled`` when asked to end ``done``); later calls answer None.
+  New terminal states (e.g. ``cancelled``) need no new method.
+- Whoever ends a job counts it and sends its ``completed`` webhook, once: the
+  runner for its ``terminate`` calls, the cancel route for a pending job it
+  cancelled, and the runtime (through a shared store's ``on_ended``) for jobs a
+  shared store ends by itself (upkeep, claim).
 - Retention (TTL after completion, then LRU beyond ``max_completed``) only ever
   removes terminal jobs.
 - ``snapshot``/``take_result`` answer ``None``/``found=False`` for unknown ids and
@@ -183,8 +188,9 @@ class JobStore(Protocol[RequestT]):
 
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
-    ) -> Maybe[bool]:
-        """The one terminal transition (``state`` terminal). False if refused."""
+    ) -> Maybe[JobState | None]:
+        """The one terminal transition (``state`` terminal): the state the job ended
+        in (``cancelled`` for a ``done`` whose cancel was accepted), None if refused."""
         ...
 
     def set_progress(self, job_id: str, step: int, total: int) -> None:

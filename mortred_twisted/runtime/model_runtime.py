@@ -23,6 +23,7 @@ from twisted.logger import Logger
 
 from mortred_twisted.config.server import ServerConfig, redis_address
 from mortred_twisted.jobs.ledger import AsyncJobTable
+from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.status import retry_after_s
 from mortred_twisted.jobs.store import JobStore
 from mortred_twisted.jobs.webhooks import secret_key
@@ -35,7 +36,7 @@ from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.execution import ThreadRunner
 from mortred_twisted.runtime.inference import SyncInference
 from mortred_twisted.runtime.job_events import JobEvents
-from mortred_twisted.runtime.runner import JobRunner
+from mortred_twisted.runtime.runner import JobRunner, record_end
 from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
 from mortred_twisted.stores.memory_store import MemoryJobStore
@@ -156,7 +157,17 @@ class ModelRuntime:
         store.on_queued = self._kick
         store.on_cancel = self._cancel_local
         store.on_change = lambda job_id: self.events.changed(job_id)
+        store.on_ended = self._ended_in_store
         return store
+
+    def _ended_in_store(self, job_id: str, state: JobState) -> None:
+        """A job the shared store ended by itself (a pending job past its budget, a
+        lost replica's job, a flagged job at claim): counted and its webhook sent
+        here, once (only the replica whose script ended it is told)."""
+        record_end(
+            job_id, state, store=self.store, metrics=self.metrics, counters=self.counters,
+            events=self.events,
+        )  # fmt: skip
 
     def _kick(self) -> None:
         if self.runner is not None and self.ready:

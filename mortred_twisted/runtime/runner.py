@@ -378,7 +378,9 @@ class JobRunner:
         return f"job exceeded async_timeout ({budget_ms} ms) while {phase}"
 
     def _end(self, job_id: str, state: JobState, payload: Any) -> Maybe[None]:
-        """One terminal transition + metrics + wake every local waiter of the job."""
+        """One terminal transition + metrics + wake every local waiter of the job.
+        Counted in the state the job ended in: a shared store ends a job whose cancel
+        was accepted ``cancelled`` even when this run asked for ``done``."""
         if state is JobState.DONE:
             ended = self._store.terminate(job_id, state, result=payload)
         else:
@@ -386,28 +388,18 @@ class JobRunner:
         admitted = self._admitted_at.get(job_id)
         now = self._clock.seconds()
 
-        def after(ok: bool) -> None:
-            if not ok:
+        def after(final: JobState | None) -> None:
+            if final is None:
                 return
-            self._metrics.job_events[state.value].inc()
-            if admitted is not None:
-                self._observe(state, (now - admitted) * 1000.0)
-            else:
-                then(self._store.snapshot(job_id), lambda s: self._observe_snapshot(state, s))
-            self._counters.count_by_name(job_id, None)
+            elapsed_ms = None if admitted is None else (now - admitted) * 1000.0
+            record_end(
+                job_id, final, store=self._store, metrics=self._metrics,
+                counters=self._counters, events=self._events, elapsed_ms=elapsed_ms,
+            )  # fmt: skip
             if self._on_terminal is not None:
                 self._on_terminal(job_id)
-            if self._events is not None:
-                self._events.ended(job_id)
 
         return then(ended, after)
-
-    def _observe(self, state: JobState, elapsed_ms: float) -> None:
-        self._metrics.job_duration_by_state[state.value].observe(elapsed_ms)
-
-    def _observe_snapshot(self, state: JobState, snap: Any) -> None:
-        if snap is not None:
-            self._observe(state, snap.elapsed_ms)
 
     # -- shutdown -----------------------------------------------------------------
 
@@ -440,6 +432,35 @@ class JobRunner:
 
         timed.addBoth(abandon)
         return timed
+
+
+def record_end(
+    job_id: str,
+    state: JobState,
+    *,
+    store: JobStore[Any],
+    metrics: ServerMetrics,
+    counters: NamedCounters,
+    events: JobEvents | None,
+    elapsed_ms: float | None = None,
+) -> None:
+    """The side effects of one terminal transition, for whoever made it (the runner,
+    or a shared store's upkeep or claim through ``on_ended``): count it in
+    ``mortred_async_jobs_total`` and its duration (read from the job when
+    ``elapsed_ms`` is None), wake the job's local waiters and event streams, send its
+    ``completed`` webhook. Call it exactly once per job. Reactor thread."""
+    metrics.job_events[state.value].inc()
+    duration = metrics.job_duration_by_state[state.value]
+    if elapsed_ms is not None:
+        duration.observe(elapsed_ms)
+    else:
+        read = then(store.snapshot(job_id), lambda s: duration.observe(s.elapsed_ms) if s else None)
+        add_errback = getattr(read, "addErrback", None)
+        if add_errback is not None:
+            add_errback(lambda _f: None)  # a duration sample is not worth a retry
+    counters.count_by_name(job_id, None)
+    if events is not None:
+        events.ended(job_id)
 
 
 def _withdrawn(failure: Any) -> None:

@@ -98,8 +98,15 @@ class MemoryJobStore(Generic[RequestT]):
 
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
-    ) -> bool:
-        return self.ledger.terminate(job_id, state, result=result, error=error)
+    ) -> JobState | None:
+        """The terminal transition: the state the job ended in, or None. A job whose
+        cancel was accepted never ends ``done`` (as on Redis): it ends ``cancelled``."""
+        if state is JobState.DONE and self.ledger.cancel_requested(job_id):
+            state, result = JobState.CANCELLED, None
+            error = "cancelled by request (the run finished first)"
+        if not self.ledger.terminate(job_id, state, result=result, error=error):
+            return None
+        return state
 
     def cancel(self, job_id: str) -> tuple[CancelOutcome, JobSnapshot | None]:
         return self.ledger.cancel(job_id)

@@ -18,6 +18,10 @@ ignored and they read Redis. After each (re)subscription
 the jobs that local waiters wait for are re-read and the terminal ones counted:
 no event is lost between subscribing and reading. "Queued" events call
 ``on_queued`` (the runner's :meth:`~mortred_twisted.runtime.runner.JobRunner.kick`).
+Jobs a script ends by itself (``MAINTAIN``: overdue pending jobs, lost replicas'
+jobs; ``CLAIM``: flagged jobs handed back; an unreadable request at claim) are
+listed in that script's reply and reported once, to the replica that ran it, by
+``on_ended`` (the runtime counts them and sends their webhooks).
 
 A terminal transition that cannot be written because Redis is away is retried
 until it is (the job keeps its lease meanwhile), so a job that finished during
@@ -154,6 +158,12 @@ class RedisJobStore:
         self.on_cancel: Callable[[str], None] | None = None
         #: a job changed on some replica (progress, terminal): wake event streams
         self.on_change: Callable[[str], None] | None = None
+        #: a job this replica's scripts ended although no caller asked for that end
+        #: (upkeep: past its budget, a lost replica's; a flagged job at claim; an
+        #: unreadable request): called once per such job, with its terminal state, so
+        #: the runtime counts it and sends its webhook (every other end is its
+        #: caller's: the runner's terminate, the cancel route)
+        self.on_ended: Callable[[str, JobState], None] | None = None
         self._depth = 0
         self._held: dict[str, int] = {}  # job id -> attempt, jobs this replica runs
         self._handed_back: set[str] = set()  # its late end must not touch the job
@@ -372,7 +382,10 @@ class RedisJobStore:
     def _claimed(self, reply: Any) -> Claim | Deferred[Claim | None] | None:
         if not reply:
             return None
-        raw_id, payload, age_ms, attempt = reply
+        self._report_ended(reply[0])
+        if len(reply) == 1:  # no job to run (it ended flagged ones only)
+            return None
+        raw_id, payload, age_ms, attempt = reply[1:]
         job_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
         self._held[job_id] = int(attempt)
         try:
@@ -384,6 +397,9 @@ class RedisJobStore:
             # here, once, and the next one is taken; retrying it elsewhere cannot help.
             log.error("job {job}: unreadable request ({e}); failing it", job=job_id, e=exc)
             ended = self.terminate(job_id, JobState.FAILED, error=f"unreadable job request: {exc}")
+            ended.addCallback(
+                lambda state: self._report_ended([job_id, state.value] if state else [])
+            )
             ended.addErrback(lambda f: log.failure("failing job {job}", f, job=job_id))
             return self.claim_next()
         if self._early_cancels.pop(job_id, None) is not None:
@@ -394,15 +410,17 @@ class RedisJobStore:
 
     def terminate(
         self, job_id: str, state: JobState, *, result: Any = None, error: str | None = None
-    ) -> Deferred[bool]:
-        """The terminal transition (see :class:`JobStore`). A job whose cancel was
-        accepted ends ``cancelled`` even when ``state`` is ``done``."""
+    ) -> Deferred[JobState | None]:
+        """The terminal transition (see :class:`JobStore`): the state the job ended
+        in, or None. A job whose cancel was accepted ends ``cancelled`` even when
+        ``state`` is ``done`` (another replica's cancel may land after the run
+        returned and before this replica heard of it)."""
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state!r}")
         self._progress.forget(job_id)
         if job_id in self._handed_back:  # the run we stopped: the job is queued again
             self._handed_back.discard(job_id)
-            return succeed(False)
+            return succeed(None)
         attempt = self._held.get(job_id)
         args = (
             job_id, state.value, result or b"", (error or "").encode("utf-8"),
@@ -411,14 +429,14 @@ class RedisJobStore:
         )  # fmt: skip
         return Deferred.fromCoroutine(self._terminate(job_id, args))
 
-    async def _terminate(self, job_id: str, args: tuple[Any, ...]) -> bool:
+    async def _terminate(self, job_id: str, args: tuple[Any, ...]) -> JobState | None:
         self._ending.add(job_id)
         try:
             return await self._terminate_once(job_id, args)
         finally:
             self._ending.discard(job_id)
 
-    async def _terminate_once(self, job_id: str, args: tuple[Any, ...]) -> bool:
+    async def _terminate_once(self, job_id: str, args: tuple[Any, ...]) -> JobState | None:
         while True:
             try:
                 reply = await self._script("terminate", *args, keys=self._job(job_id))
@@ -431,7 +449,7 @@ class RedisJobStore:
                 await deferLater(self._reactor, RETRY_TERMINAL_S, lambda: None)
         self._held.pop(job_id, None)
         self._depth = int(reply[1])
-        return reply[0] == 1
+        return JobState(reply_text(reply[2])) if reply[0] == 1 else None
 
     # -- progress -------------------------------------------------------------------
 
@@ -505,6 +523,7 @@ class RedisJobStore:
                 )  # fmt: skip
             for raw in reply[6] if len(reply) > 6 else ():
                 self._cancel_held(reply_text(raw) or "")
+            self._report_ended(reply[7] if len(reply) > 7 else [])
             if self.on_queued is not None:
                 self.on_queued()
             return lost + timed_out + forgotten
@@ -531,6 +550,18 @@ class RedisJobStore:
         return d.addBoth(released).addCallback(lambda reply: int(reply) == 1)
 
     # -- events ---------------------------------------------------------------------
+
+    def _report_ended(self, ended: list[Any]) -> None:
+        """``on_ended`` for each ``id, state`` pair a script reported ending (a
+        failing callback is logged: the others are still reported)."""
+        if self.on_ended is None:
+            return
+        for i in range(0, len(ended) - 1, 2):
+            job_id = reply_text(ended[i]) or ""
+            try:
+                self.on_ended(job_id, JobState(reply_text(ended[i + 1])))
+            except Exception:
+                log.failure("reporting the end of job {job}", job=job_id)
 
     def _cancel_held(self, job_id: str) -> None:
         """A held job's cancel was accepted: the runtime stops its run (repeatable;

@@ -58,6 +58,24 @@ async def test_cancel_pending_running_and_finished(make_store: Factory) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_terminate_answers_the_state_a_flagged_job_ended_in(make_store: Factory) -> None:
+    """A run that asks to end a cancel-flagged job done is told it ended cancelled
+    (its result dropped), on both stores; a second end is refused with None."""
+    store = await make_store()
+    job = (await settle(store.admit(REQ, "r1"))).job_id
+    await take(store, job)
+    outcome, _snap = await settle(store.cancel(job))
+    assert outcome is CancelOutcome.REQUESTED
+    assert await settle(store.terminate(job, JobState.DONE, result=b"{}")) is JobState.CANCELLED
+    assert (await settle(store.snapshot(job))).state is JobState.CANCELLED
+    assert not (await settle(store.take_result(job))).done
+    assert await settle(store.terminate(job, JobState.FAILED, error="late")) is None
+    other = (await settle(store.admit(REQ, "r2"))).job_id
+    await take(store, other)
+    assert await settle(store.terminate(other, JobState.DONE, result=b"{}")) is JobState.DONE
+
+
+@pytest_twisted.ensureDeferred
 async def test_idempotent_admission_replays_conflicts_and_is_scoped(make_store: Factory) -> None:
     """Same principal, key and fingerprint replay; another fingerprint conflicts; another
     principal's same key is a new job; a full queue still replays."""

@@ -1,8 +1,10 @@
 -- CLAIM. KEYS: queue pending leases depth done uses holders done_owner index fair
 -- band_low band_normal band_high (the jobs' hashes are named from the prefix)
--- ARGV: owner, lease_ms, ttl_ms, max_completed -> false, or {job_id, request, age_ms,
--- attempt}; a queued job whose cancel was accepted (its replica handed it back after
--- the request) ends cancelled here instead of running, as a cancelled pending job.
+-- ARGV: owner, lease_ms, ttl_ms, max_completed -> {ended, job_id, request, age_ms,
+-- attempt} or {ended} (no job to run; false when it ended none either); a queued job
+-- whose cancel was accepted (its replica handed it back after the request) ends
+-- cancelled here instead of running, as a cancelled pending job, and is listed in
+-- ended (id, state, id, state, ...).
 -- The next job in the fair order (jobs/fair_queue.py), in one step for every
 -- replica: the non-empty band with the smallest pass (ties: the higher band), in it
 -- the smallest start tag (ties: the earlier admission); then that band's virtual
@@ -17,7 +19,7 @@ for _ = 1, 64 do
       end
     end
   end
-  if not best then return false end
+  if not best then break end
   local bkey = K['band_' .. best]
   local head = redis.call('ZRANGE', bkey, 0, 0, 'WITHSCORES')
   local member, tag = head[1], head[2]
@@ -41,7 +43,8 @@ for _ = 1, 64 do
     redis.call('HINCRBY', K.fair, 'r:' .. (redis.call('HGET', key, 'principal') or ''), 1)
     redis.call('ZREM', K.pending, id)
     redis.call('ZADD', K.leases, now + tonumber(ARGV[2]), id)
-    return {id, f[2] or '', now - tonumber(f[3]), tonumber(f[4])}
+    return {ENDED, id, f[2] or '', now - tonumber(f[3]), tonumber(f[4])}
   end
 end
-return false
+if #ENDED == 0 then return false end
+return {ENDED}

@@ -5,7 +5,8 @@
 -- budget_ms (0 none), overdue error text, then the ids this replica runs.
 -- -> {renewed, requeued, failed (lost), timed out, forgotten, depth, {held ids to stop:
 -- their cancel was requested, or they are no longer running on this replica (its
--- lease expired while it was cut off: the job ended or runs elsewhere)}}
+-- lease expired while it was cut off: the job ended or runs elsewhere)}, {the jobs
+-- it ended: id, state, id, state, ...}}
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local max_attempts, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local budget = tonumber(ARGV[6])
@@ -81,4 +82,4 @@ for _, name in ipairs({'done', 'index'}) do
   if #batch < SWEEP_BATCH then at = 0 else at = at + kept end
   redis.call('HSET', K.sweep, name, at)
 end
-return {renewed, requeued, lost, overdue, forgotten, depth(), flagged}
+return {renewed, requeued, lost, overdue, forgotten, depth(), flagged, ENDED}

@@ -164,9 +164,15 @@ local function view(id)
   return {f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], now_ms(), f[9] or '', position,
           f[10] or ''}
 end
+-- Every job this script ended, as {id, state, id, state, ...}: a script that ends
+-- jobs nobody asked it to end (MAINTAIN, CLAIM) returns it, so the replica that ran
+-- the script counts each of them and sends its webhook, once.
+local ENDED = {}
 -- The one non-terminal -> terminal transition (callers check the state first).
 local function terminate(id, state, result, err, ttl_ms, max_completed)
   local key = P .. 'job:' .. id
+  table.insert(ENDED, id)
+  table.insert(ENDED, state)
   fair_release(id, key, redis.call('HGET', key, 'state') == 'pending')
   redis.call('HSET', key, 'state', state, 'completed', now_ms_text())
   if result then redis.call('HSET', key, 'result', result) end
