@@ -47,11 +47,15 @@ def parse_envelope(
     body: bytes,
     header_request_id: str | None = None,
     job_fields: dict[str, Any] | None = None,
+    *,
+    images_required: bool = True,
 ) -> InferenceRequest:
     """Parse a request body into an :class:`InferenceRequest` (params not yet validated).
 
     With ``job_fields`` (a job submit), the job-only fields (:data:`JOB_ONLY_FIELDS`)
-    are accepted and moved into it; elsewhere they are unknown fields.
+    are accepted and moved into it; elsewhere they are unknown fields. Without
+    ``images_required`` (a model declared with the SDK: inputs go by name in
+    ``params``) an envelope may leave ``images`` out.
     Raises :class:`ApiError` (400 code 50 / 422 code 52).
     """
     try:
@@ -89,14 +93,50 @@ def parse_envelope(
         if len(raw_images) > MAX_IMAGES:
             raise _invalid("images", f"at most {MAX_IMAGES} images per request")
         images = [_b64(f"images[{i}]", v) for i, v in enumerate(raw_images)]
-    else:
+    elif images_required:
         raise _invalid("images", "required (an array of base64-encoded images)")
+    else:
+        images = []
     params = doc.get("params", {})
     if params is None:
         params = {}
     if not isinstance(params, dict):
         raise _invalid("params", "must be a JSON object")
     return InferenceRequest(req_id=req_id, images=tuple(images), params=params)
+
+
+def _request_id(value: Any, header_request_id: str | None) -> str:
+    req_id = value if value not in (None, "") else header_request_id or new_request_id()
+    if not isinstance(req_id, str):
+        raise _invalid("req_id", "must be a string")
+    if len(req_id) > MAX_REQ_ID_LEN:
+        raise _invalid("req_id", f"must be at most {MAX_REQ_ID_LEN} characters")
+    return req_id
+
+
+def parse_form_envelope(
+    body: bytes,
+    content_type: str,
+    header_request_id: str | None = None,
+    job_fields: dict[str, Any] | None = None,
+) -> InferenceRequest:
+    """A ``multipart/form-data`` submit as an :class:`InferenceRequest` whose params
+    are text fields and file parts (see :mod:`mortred_twisted.http.multipart`);
+    validated by the model's declaration with ``text_params`` set."""
+    from mortred_twisted.http.multipart import form_envelope, is_multipart, parse_form
+
+    if not is_multipart(content_type):
+        raise _invalid("body", "content type must be application/json or multipart/form-data")
+    envelope, params, uploads = form_envelope(parse_form(body, content_type))
+    req_id = _request_id(envelope.pop("req_id", None), header_request_id)
+    if envelope:
+        if job_fields is None:
+            raise _invalid(sorted(envelope)[0], "accepted on a job submit only")
+        job_fields.update(envelope)
+    if len(uploads) > MAX_IMAGES:
+        raise _invalid("images", f"at most {MAX_IMAGES} images per request")
+    images = tuple(u.data for u in uploads)
+    return InferenceRequest(req_id=req_id, images=images, params=params, text_params=True)
 
 
 def render_success(req_id: str, data_json: bytes) -> bytes:

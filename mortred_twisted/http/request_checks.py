@@ -19,8 +19,14 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http import errors as E
 from mortred_twisted.http.answers import EarlyResponse
-from mortred_twisted.http.envelope import new_request_id, parse_envelope, render_error
+from mortred_twisted.http.envelope import (
+    new_request_id,
+    parse_envelope,
+    parse_form_envelope,
+    render_error,
+)
 from mortred_twisted.http.errors import ApiError, to_api_error
+from mortred_twisted.http.multipart import is_multipart
 from mortred_twisted.http.responder import Responder, is_json_content_type, json_bytes
 from mortred_twisted.http11.auth import (
     CLIENT_IP_HEADER,
@@ -88,14 +94,39 @@ class RequestChecks:
         err = self.auth_error(request.requestHeaders)
         if err is not None:
             return err
-        if not is_json_content_type(self.responder.header(request, b"content-type")):
-            return ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
+        if not self.body_type_accepted(self.responder.header(request, b"content-type")):
+            return self.unsupported_type()
         content = request.content
         size = content.seek(0, 2)
         content.seek(0)
         if size > self.config.request_size_limit_bytes:
             return self.too_large()
         return None
+
+    def body_type_accepted(self, content_type: bytes | None) -> bool:
+        """JSON always; ``multipart/form-data`` for a model declared with the SDK (the
+        built-in families take the JSON envelope only)."""
+        if is_json_content_type(content_type):
+            return True
+        return (
+            self.takes_forms
+            and content_type is not None
+            and is_multipart(content_type.decode("latin-1"))
+        )
+
+    @property
+    def takes_forms(self) -> bool:
+        from mortred_twisted.models.registry import MODEL_FACTORIES
+
+        return self.config.model_type not in MODEL_FACTORIES
+
+    def unsupported_type(self) -> ApiError:
+        if self.takes_forms:
+            return ApiError(
+                E.UNSUPPORTED_MEDIA_TYPE,
+                "content type must be application/json or multipart/form-data",
+            )
+        return ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
 
     def host_refused(self, host: bytes | None) -> ApiError | None:
         """421 for a ``Host`` that is not a loopback name on a port without a token
@@ -138,8 +169,8 @@ class RequestChecks:
         if err is None:
             err = self.auth_error(headers)
         content_type = headers.getRawHeaders(b"content-type", [None])[0]
-        if err is None and method.upper() == b"POST" and not is_json_content_type(content_type):
-            err = ApiError(E.UNSUPPORTED_MEDIA_TYPE, "content type must be application/json")
+        if err is None and method.upper() == b"POST" and not self.body_type_accepted(content_type):
+            err = self.unsupported_type()
         if err is None and length > self.config.request_size_limit_bytes:
             err = self.too_large()
         if err is None:
@@ -214,10 +245,22 @@ class RequestChecks:
         """400 → 503 → 422: parse the envelope and let the model validate params
         (job-only envelope fields go into ``job_fields`` when given)."""
         req_id = self.responder.request_id(request)
-        parsed = parse_envelope(request.content.read(), req_id, job_fields)
+        rt = self.runtime
+        validator = rt.validator if rt.ready else None
+        content_type = self.responder.header(request, b"content-type")
+        if content_type is not None and not is_json_content_type(content_type):
+            parsed = parse_form_envelope(
+                request.content.read(), content_type.decode("latin-1"), req_id, job_fields
+            )
+        else:
+            parsed = parse_envelope(
+                request.content.read(),
+                req_id,
+                job_fields,
+                images_required=not getattr(validator, "images_optional", validator is None),
+            )
         # From here every answer names the envelope's req_id (a validation error too).
         request.mortred_request_id = parsed.req_id  # type: ignore[attr-defined]
-        rt = self.runtime
         if not rt.ready or rt.validator is None:
             raise self.not_ready()
         try:

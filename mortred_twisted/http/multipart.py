@@ -1,0 +1,172 @@
+"""``multipart/form-data`` submits (RFC 7578), parsed from a body already in memory (pure).
+
+A submit may carry its inputs as form parts instead of JSON, so large files travel as
+bytes, not base64: one part per file input (``filename`` set, its own
+``Content-Type``), the other inputs as text fields, and optionally a ``params`` part
+holding a JSON object (merged under the fields) and the envelope's ``req_id``,
+``webhook``, ``webhook_events_filter`` and ``priority`` as fields. Repeating a name
+makes a list (``images`` parts fill the seed envelope's images).
+
+The body has already passed the port's size limit (checked from the head); the parser
+bounds what it keeps: at most :data:`MAX_PARTS` parts, each head at most
+:data:`MAX_PART_HEAD` bytes. Problems raise
+:class:`~mortred_twisted.http.errors.ApiError` (422, code 52) naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mortred_twisted.http.errors import INVALID_REQUEST, JSON_DECODE_ERROR, ApiError
+from mortred_twisted.sdk.validation import Upload
+
+MAX_PARTS = 256
+MAX_PART_HEAD = 8192
+MAX_BOUNDARY = 70  # RFC 2046
+
+_PARAM = re.compile(r';\s*([A-Za-z0-9_*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;\s]*)')
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(INVALID_REQUEST, f"invalid request: multipart: {message}")
+
+
+def header_params(value: str) -> tuple[str, dict[str, str]]:
+    """``type; a=b; c="d"`` → ("type", {"a": "b", "c": "d"}) (names lower-cased)."""
+    main, _, rest = value.partition(";")
+    params = {}
+    for m in _PARAM.finditer(";" + rest):
+        raw = m.group(2)
+        if raw.startswith('"'):
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        params[m.group(1).lower()] = raw
+    return main.strip().lower(), params
+
+
+def is_multipart(content_type: str | None) -> bool:
+    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() == (
+        "multipart/form-data"
+    )
+
+
+def boundary_of(content_type: str) -> bytes:
+    _, params = header_params(content_type)
+    boundary = params.get("boundary", "")
+    if not boundary or len(boundary) > MAX_BOUNDARY:
+        raise _invalid("Content-Type needs a boundary of 1 to 70 characters")
+    try:
+        return boundary.encode("ascii")
+    except UnicodeEncodeError:
+        raise _invalid("the boundary must be ASCII") from None
+
+
+@dataclass
+class FormSubmit:
+    """What a multipart body carried: text fields and file parts by name (repeated
+    names keep every value, in order)."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, list[Upload]] = field(default_factory=dict)
+
+
+def parse_form(body: bytes, content_type: str) -> FormSubmit:
+    """Split ``body`` into its parts (see the module docstring)."""
+    delimiter = b"--" + boundary_of(content_type)
+    pieces = body.split(delimiter)
+    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
+        raise _invalid("the body does not end with the closing boundary")
+    parts = pieces[1:-1]
+    if len(parts) > MAX_PARTS:
+        raise _invalid(f"at most {MAX_PARTS} parts")
+    out = FormSubmit()
+    for index, raw in enumerate(parts):
+        if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):
+            raise _invalid(f"part {index}: not framed by CRLF")
+        head, sep, content = raw[2:-2].partition(b"\r\n\r\n")
+        if not sep:
+            if raw[2:-2].startswith(b"\r\n"):  # no headers at all
+                head, content = b"", raw[4:-2]
+            else:
+                raise _invalid(f"part {index}: no blank line after its headers")
+        if len(head) > MAX_PART_HEAD:
+            raise _invalid(f"part {index}: headers over {MAX_PART_HEAD} bytes")
+        headers: dict[str, str] = {}
+        for line in head.split(b"\r\n") if head else ():
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise _invalid(f"part {index}: malformed header line")
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode(
+                "utf-8", "replace"
+            )
+        disposition, params = header_params(headers.get("content-disposition", ""))
+        if disposition != "form-data" or not params.get("name"):
+            raise _invalid(f"part {index}: needs Content-Disposition: form-data; name=...")
+        name = params["name"]
+        if "filename" in params or ("content-type" in headers and not _is_text(headers)):
+            upload = Upload(
+                data=content,
+                content_type=headers.get("content-type") or None,
+                filename=params.get("filename") or None,
+            )
+            out.files.setdefault(name, []).append(upload)
+        else:
+            try:
+                text = content.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _invalid(f"field {name!r} is not UTF-8 text") from None
+            out.fields.setdefault(name, []).append(text)
+    return out
+
+
+def _is_text(headers: dict[str, str]) -> bool:
+    main, _ = header_params(headers.get("content-type", "text/plain"))
+    return main.startswith("text/") or main == "application/json"
+
+
+ENVELOPE_FIELDS = ("req_id", "webhook", "webhook_events_filter", "priority")
+
+
+def form_envelope(form: FormSubmit) -> tuple[dict[str, Any], dict[str, Any], list[Upload]]:
+    """(envelope fields, params, images) of a parsed form: the ``params`` part (a JSON
+    object) under the named fields, each field one value or, repeated, a list."""
+    envelope: dict[str, Any] = {}
+    for name in ENVELOPE_FIELDS:
+        values = form.fields.pop(name, None)
+        if values is None:
+            continue
+        if len(values) != 1:
+            raise _invalid(f"field {name!r} given {len(values)} times")
+        value: Any = values[0]
+        if name in ("webhook_events_filter",):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif name == "priority":
+            try:
+                value = int(value)
+            except ValueError:
+                raise _invalid("priority must be an integer") from None
+        envelope[name] = value
+    params: dict[str, Any] = {}
+    raw_params = form.fields.pop("params", None)
+    if raw_params is not None:
+        if len(raw_params) != 1:
+            raise _invalid("the params part is given more than once")
+        try:
+            doc = json.loads(raw_params[0])
+        except json.JSONDecodeError as exc:
+            raise ApiError(JSON_DECODE_ERROR, f"json decode error in params: {exc}") from None
+        if not isinstance(doc, dict):
+            raise _invalid("the params part must be a JSON object")
+        params.update(doc)
+    images = form.files.pop("images", [])
+    for name, values in form.fields.items():
+        if name in params:
+            raise _invalid(f"{name!r} is given both as a field and in params")
+        params[name] = values[0] if len(values) == 1 else values
+    for name, uploads in form.files.items():
+        if name in params:
+            raise _invalid(f"{name!r} is given both as a file part and as a field")
+        params[name] = uploads[0] if len(uploads) == 1 else uploads
+    return envelope, params, images
