@@ -30,8 +30,10 @@ Keys of one model id (all under one hash tag, so they share a cluster slot)::
     mortred:{<id>}:sweep         HASH   where MAINTAIN's retention sweep resumes
     mortred:{<id>}:index         ZSET   every job -> admission sequence (listings)
     mortred:{<id>}:seq           STRING the admission sequence (INCR per job)
-    mortred:{<id>}:idem:<p>:<k>  STRING "<job_id> <fingerprint>": the Idempotency-Key
-                                        <k> of principal <p>, for as long as its job
+    mortred:{<id>}:idem2:<n>:<p>:<k>  STRING "<job_id> <fingerprint>": the
+                                        Idempotency-Key <k> of principal <p> (<n>: its
+                                        length in characters, so the pair is read
+                                        back unambiguously), for as long as its job
                                         is retained (same TTL, deleted with it)
     mortred:{<id>}:follow:<job>  STRING set (3 s TTL, refreshed) while an event stream
                                         on some replica follows the job
@@ -164,7 +166,12 @@ def job_key(prefix: str, job_id: str) -> str:
 
 
 def idem_key(prefix: str, principal: str, key: str) -> str:
-    return f"{prefix}idem:{principal}:{key}"
+    """The key remembering ``(principal, key)``'s job: ``idem2:<n>:<principal>:<key>``
+    with ``n`` the principal's length in characters, so every pair has its own name
+    (a principal or key holding ``:`` cannot pass for another pair). ``idem2``, not the
+    ``idem:<p>:<k>`` of earlier versions: a key those left behind never answers for
+    a pair of this encoding."""
+    return f"{prefix}idem2:{len(principal)}:{principal}:{key}"
 
 
 def follow_key(prefix: str, job_id: str) -> str:

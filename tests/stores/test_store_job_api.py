@@ -97,6 +97,36 @@ async def test_idempotent_admission_replays_conflicts_and_is_scoped(make_store: 
     assert store.queue_depth == 2
 
 
+#: (principal, key) pairs that one "principal:key" string would confuse
+AMBIGUOUS = [
+    ("a:b", "c"), ("a", "b:c"), ("a:b:c", "x"), ("", "a:b:c:x"), ("1:a", "b"), ("1", "a:b"),
+    ("3:a:b", "c"), ("", "3:a:b:c"),
+]  # fmt: skip
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_principal_key_pair_is_its_own_scope(make_store: Factory) -> None:
+    """Pairs that join to the same text with ':' (a principal or key holding ':', or
+    one shaped like the encoding) are distinct: each admits its own job and replays
+    only its own, the same on both stores."""
+    store = await make_store(max_queue=len(AMBIGUOUS))
+    jobs = {}
+    for owner, key in AMBIGUOUS:
+        got = await settle(store.admit(REQ, "r", owner=owner, idempotency_key=key, fingerprint="f"))
+        assert got.job_id is not None and not got.replayed, (owner, key)
+        jobs[owner, key] = got.job_id
+    assert len(set(jobs.values())) == len(AMBIGUOUS)
+    for (owner, key), job in jobs.items():
+        again = await settle(
+            store.admit(REQ, "r", owner=owner, idempotency_key=key, fingerprint="f")
+        )
+        assert again.replayed and again.job_id == job, (owner, key)
+        other = await settle(
+            store.admit(REQ, "r", owner=owner, idempotency_key=key, fingerprint="g")
+        )
+        assert other.conflict, (owner, key)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_key_is_forgotten_with_its_job(make_store: Factory) -> None:
     """Once retention drops the key's job, the key admits a new job."""
