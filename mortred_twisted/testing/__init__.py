@@ -1,0 +1,1 @@
+"""Testing served models: in process, in memory, under pytest and trial."""
