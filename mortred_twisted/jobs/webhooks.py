@@ -27,6 +27,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from mortred_twisted.jobs.webhook_targets import (
     MAX_URL_LENGTH,
@@ -130,6 +131,19 @@ def message_id(job_id: str, event: str, status: Mapping[str, Any]) -> str:
         step = progress.get("step", 0) if isinstance(progress, Mapping) else 0
         return f"{job_id}.progress.{step}"
     return f"{job_id}.{event}"
+
+
+def loggable_url(url: str) -> str:
+    """``url`` as logs may show it: scheme, host, port and path, as written. The query
+    string and fragment (where receivers put tokens) and any user info are dropped; a
+    URL that does not parse is not shown at all. Never raises."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparsable URL)"
+    host = parts.netloc.rpartition("@")[2]
+    origin = f"{parts.scheme}://{host}" if parts.scheme and host else ""
+    return origin + parts.path
 
 
 def is_retryable(status: int | None) -> bool:

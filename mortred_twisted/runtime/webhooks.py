@@ -24,6 +24,8 @@ Contract:
   every address it resolves to is not admitted, checked again on every attempt) ends the
   message at once;
 * the answer's body is read and dropped, at most :data:`MAX_ANSWER_BYTES`;
+* logs name a target by origin and path only (:func:`~mortred_twisted.jobs.webhooks.loggable_url`):
+  a query string may hold the receiver's token;
 * every message ends with exactly one outcome in
   ``mortred_webhook_deliveries_total{event, outcome}``: ``delivered``, ``failed``
   (gave up), ``refused`` (the target may not be reached) or ``dropped`` (a throttled
@@ -51,6 +53,7 @@ from mortred_twisted.jobs.webhooks import (
     backoff_delays,
     is_retryable,
     jittered,
+    loggable_url,
     message_id,
     sign,
 )
@@ -225,7 +228,7 @@ class WebhookSender:
                     "webhook {msg_id} ({event}) to {url} failed after {n} attempt(s): {why}",
                     msg_id=msg_id,
                     event=event,
-                    url=url,
+                    url=loggable_url(url),
                     n=attempt + 1,
                     why="connection error" if status is None else f"HTTP {status}",
                 )
@@ -254,7 +257,7 @@ class WebhookSender:
             await _drain(response)
         except WebhookRejected as exc:
             log.warn(
-                "webhook {msg_id} to {url} refused: {why}", msg_id=msg_id, url=url,
+                "webhook {msg_id} to {url} refused: {why}", msg_id=msg_id, url=loggable_url(url),
                 why=exc.message,
             )  # fmt: skip
             return _REFUSED

@@ -13,10 +13,11 @@ from prometheus_client import CollectorRegistry, Counter
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from mortred_twisted.jobs.webhooks import verify
+from mortred_twisted.jobs.webhooks import loggable_url, verify
 from mortred_twisted.runtime.webhook_client import (
     GuardedWebhookClient,
     PinnedAgentTransport,
@@ -304,3 +305,37 @@ def test_deliveries_over_the_caps_are_dropped_and_counted() -> None:
     assert outcomes[-1] == "delivered" and sender.inflight == 2
     send("j6", "http://other.example.com/x")
     assert sender.inflight == 3 and len(client.pending) == 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_logs_name_the_target_by_origin_and_path_only(receiver_site) -> None:
+    """A failed and a refused delivery are logged with the URL's origin and path; its
+    query string (a receiver's token), user info and fragment never reach the log."""
+    failing = receiver_site(Receiver(fail_first=99, fail_code=400))
+    sender = make_sender(CollectorRegistry(), delays=[])
+    secret = "tok3n-s3cret"
+    with capturedLogs() as events:
+        failed = f"{failing}?token={secret}&x=1"
+        assert await sender.send("job_q", failed, "completed", {}, terminal=True) == "failed"
+        refused = f"http://10.1.2.3:8080/in/hook?sig={secret}"
+        assert await sender.send("job_r", refused, "completed", {}, terminal=True) == "refused"
+    ours = [e for e in events if e.get("log_namespace", "").startswith("mortred_twisted")]
+    text = "\n".join(formatEvent(e) for e in ours)  # not the test receiver's access log
+    assert secret not in text and "token=" not in text and "sig=" not in text
+    assert f"{failing}" in text and "http://10.1.2.3:8080/in/hook" in text
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://h.example/p/q?token=abc#frag", "https://h.example/p/q"),
+        ("http://user:pw@h.example:8080/x?y", "http://h.example:8080/x"),
+        ("http://[::1]:9/a;b?c", "http://[::1]:9/a;b"),
+        ("https://h.example", "https://h.example"),
+        ("/relative/path?secret", "/relative/path"),
+        ("http://[bad/?secret", "(unparsable URL)"),
+    ],
+)
+def test_loggable_url_keeps_origin_and_path(url: str, shown: str) -> None:
+    """loggable_url drops query, fragment and user info, and never fails."""
+    assert loggable_url(url) == shown
