@@ -296,6 +296,8 @@ def _strip_optional(annotation: Any) -> Any:
 
 def _input_kind(model: str, name: str, annotation: Any) -> tuple[str, bool]:
     annotation = _strip_optional(annotation)
+    if annotation in (list, Sequence):
+        raise DeclarationError(model, name, "a list input needs its item type (list[int])")
     origin = typing.get_origin(annotation)
     if origin in (list, Sequence, typing.List):  # noqa: UP006 - typing.List is accepted too
         args = typing.get_args(annotation)
