@@ -66,8 +66,9 @@ class JobEventStream:
     async def _stream(
         self, request: IRequest, job_id: str, snap: JobSnapshot, rid: str | None
     ) -> bytes:
-        """Write the job's events until it is terminal (or the client leaves: Klein
-        then cancels this coroutine, which removes its counter)."""
+        """Write the job's events until it is terminal (or the client leaves: the
+        server then cancels this coroutine wherever it waits, a store read included,
+        and its wake counter is removed on the way out)."""
         rt = self.runtime
         request.setResponseCode(200)
         self.responder.headers(request, rid)
@@ -76,6 +77,7 @@ class JobEventStream:
         request.setHeader(b"X-Accel-Buffering", b"no")  # tell proxies not to buffer
         rt.metrics.event_streams.inc()
         seq = 0
+        woke: Deferred[str] | None = None
         try:
             request.write(sse.retry(2000))
             seq += 1
@@ -110,6 +112,11 @@ class JobEventStream:
                     last = current
         finally:
             rt.metrics.event_streams.dec()
+            if woke is not None and not woke.called:
+                # Left while another await was pending (a store read): the counter
+                # would wait for the job's next change, or forever.
+                woke.addErrback(lambda _f: None)
+                woke.cancel()
         return b""
 
 

@@ -107,3 +107,36 @@ def test_a_stopping_server_parks_no_new_wait_and_ends_streams_with_the_current_s
     assert app.runtime.counters.waiting(doc["job_id"]) == 0
     request, outcome = stream(app, doc["job_id"])
     assert outcome.called and b"event: state" in b"".join(request.written)
+
+
+def test_ten_thousand_streams_dropped_mid_read_leave_no_counter() -> None:
+    """Clients that leave while the stream re-reads the job (a shared store's read
+    still on its way) take their wake counters with them: after 10,000 such streams
+    on one job the registry and the streams gauge are back to zero."""
+    from twisted.internet.defer import Deferred
+
+    app, clock, _threads, _stub = make_app(worker_nums=1)
+    admit(app)
+    clock.advance(0)
+    job = admit(app)
+    clock.advance(0)
+    rt = app.runtime
+    real = rt.store.snapshot
+    reads: list[Deferred[Any]] = []
+
+    def slow_snapshot(job_id: str) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        reads.append(d)
+        return d
+
+    rt.store.snapshot = slow_snapshot
+    for _ in range(10_000):
+        reads.clear()
+        _request, outcome = stream(app, job)
+        reads.pop().callback(real(job))  # the first read: the stream starts
+        assert len(reads) == 1  # the read after registering its counter, in flight
+        outcome.addErrback(lambda _f: None)
+        outcome.cancel()  # the client leaves mid-read
+    assert rt.counters.waiting(events_counter(job)) == 0
+    assert rt.counters.total_waiting == 0 and len(rt.counters) == 0
+    assert rt.metrics.registry.get_sample_value("mortred_job_event_streams") == 0
