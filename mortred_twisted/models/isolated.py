@@ -10,11 +10,17 @@ pipe (GIL released) while the child does the work with its own interpreter.
 worker pool, runner and sync path are unchanged. Protocol over one duplex pipe
 (pickled tuples):
 
-* parent → child: ``("run", request)``, ``("run_batch", requests)``, ``("cancel",)``,
-  ``("stop",)``;
+* parent → child: ``("run", request, files_url_prefix | None)``, ``("run_batch",
+  requests)``, ``("cancel",)``, ``("stop",)``;
 * child → parent: ``("ready", validator)`` / ``("load_error", message)`` once;
-  ``("progress", step, total)`` during a run; ``("result", data_json, run_ms)`` or
-  ``("error", kind, message)``; for a batch ``("batch", [(ok, payload), …])``.
+  ``("progress", step, total)`` and ``("event", name, data)`` during a run;
+  ``("result", data_json, run_ms, [(name, bytes, content_type), …])`` (the run's
+  result files, stored by the parent before the job can end) or ``("error", kind,
+  message)``; for a batch ``("batch", [(ok, payload), …])``.
+
+An SDK model's validation twin is its declaration, sent as JSON
+(:meth:`~mortred_twisted.sdk.adapter.SdkModel.__reduce__`): the server process never
+imports the user's module.
 
 **Validation without a model in the server.** The server's reactor validates
 requests before admission (:meth:`Model.validate`, cheap by contract). The model is
@@ -90,12 +96,28 @@ def _decode_error(kind: str, message: str) -> BaseException:
     return RemoteModelError(message)
 
 
-class _ChildContext(RunContext):
-    """Run context inside the worker: progress goes up the pipe, cancel comes down."""
+class _CollectedFiles:
+    """The result-file sink of a run inside the worker: files are kept and sent to the
+    server with the result, which stores them in its own sink (same URLs)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, url_prefix: str) -> None:
+        self.url_prefix = url_prefix
+        self.files: list[tuple[str, bytes, str]] = []
+
+    def put(self, name: str, data: bytes, content_type: str) -> None:
+        self.files.append((name, data, content_type))
+
+
+class _ChildContext(RunContext):
+    """Run context inside the worker: progress and model events go up the pipe,
+    cancel comes down."""
+
+    def __init__(self, conn: Connection, files_prefix: str | None = None) -> None:
         super().__init__()
         self._conn = conn
+        if files_prefix is not None:
+            self.result_files = _CollectedFiles(files_prefix)
+        self.on_event = lambda name, data: conn.send(("event", name, data))
 
     def progress(self, step: int, total: int) -> None:
         super().progress(step, total)
@@ -159,13 +181,15 @@ def _child_main(
             return
         if op == "cancel":
             continue  # arrived after its run ended
-        ctx = _ChildContext(conn)
+        ctx = _ChildContext(conn, message[2] if op == "run" and len(message) > 2 else None)
         if op == "run":
             started = time.perf_counter()
             try:
                 data = model.run(message[1], ctx)
                 encoded = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-                conn.send(("result", encoded, (time.perf_counter() - started) * 1000.0))
+                files = ctx.result_files.files if ctx.result_files is not None else []
+                run_ms = (time.perf_counter() - started) * 1000.0
+                conn.send(("result", encoded, run_ms, files))
             except BaseException as exc:
                 conn.send(("error", *_encode_error(exc)))
         elif op == "run_batch":
@@ -208,6 +232,9 @@ class IsolatedModel(Model):
         self.params_schema = self._local.params_schema
         self.uses_images = self._local.uses_images
         self.output_schema = self._local.output_schema
+        #: an SDK model's declaration (its twin's), for the OpenAPI document and forms
+        self.declaration = getattr(self._local, "declaration", None)
+        self.images_optional = getattr(self._local, "images_optional", False)
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -277,6 +304,10 @@ class IsolatedModel(Model):
                 if ctx is not None:
                     ctx.progress(reply[1], reply[2])
                 continue
+            if reply[0] == "event":
+                if ctx is not None:
+                    ctx.event(reply[1], reply[2])
+                continue
             return reply
 
     def _kill_and_respawn(self) -> None:
@@ -296,9 +327,13 @@ class IsolatedModel(Model):
             self._start()
 
     def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
-        reply = self._exchange(("run", request), ctx)
+        sink = ctx.result_files
+        prefix = sink.url_prefix if sink is not None else None
+        reply = self._exchange(("run", request, prefix), ctx)
         if reply[0] == "error":
             raise _decode_error(reply[1], reply[2])
+        for name, data, content_type in reply[3] if len(reply) > 3 else ():
+            sink.put(name, data, content_type)  # before the job can end done
         return PreEncoded(reply[1])
 
     def run_batch(

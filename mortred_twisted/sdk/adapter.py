@@ -24,6 +24,7 @@ JSON and the server never imports the user's module.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,15 @@ class SdkModel(Model):
 
     def validation_twin(self) -> SdkModel:
         return SdkModel(self.declaration, None, input_limits=self.input_limits)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A twin crosses a process boundary as its declaration's JSON (never the
+        user's class: the receiving process does not import the user's module)."""
+        if self.instance is not None:
+            raise TypeError("a loaded SdkModel does not leave its process; send its twin")
+        limits = self.input_limits
+        packed = None if limits is None else (limits.max_images, limits.max_pixels)
+        return (_twin_from_json, (json.dumps(self.declaration.to_json()), packed))
 
     # -- worker side ----------------------------------------------------------
 
@@ -171,6 +181,16 @@ class SdkModel(Model):
     def close(self) -> None:
         if self.instance is not None:
             self.instance.close()
+
+
+def _twin_from_json(
+    declaration_json: str, limits: tuple[int | None, int | None] | None
+) -> SdkModel:
+    from mortred_twisted.models.input_limits import InputLimits
+
+    declaration = Declaration.from_json(json.loads(declaration_json))
+    input_limits = None if limits is None else InputLimits(*limits)
+    return SdkModel(declaration, None, input_limits=input_limits)
 
 
 class _BatchRunContext(RunContext):
