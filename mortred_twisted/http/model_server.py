@@ -115,7 +115,13 @@ class ModelServerApp:
     # -- public endpoints -------------------------------------------------------------
 
     def healthz(self, request: IRequest) -> bytes:
-        return self.responder.respond(request, 200, b'{"status":"ok"}')
+        """Liveness: 200 while the process serves. A model that failed to load says
+        why (``model``/``error``): the process lives, it is not ready (``/ready``)."""
+        rt = self.runtime
+        if rt.load_error is None:
+            return self.responder.respond(request, 200, b'{"status":"ok"}')
+        doc = {"status": "ok", "model": rt.readiness.value, "error": rt.load_error}
+        return self.responder.respond(request, 200, json_bytes(doc))
 
     def ready(self, request: IRequest) -> bytes:
         rt = self.runtime
@@ -142,7 +148,10 @@ class ModelServerApp:
             model = self.runtime.validator
             schema = model.params_schema if model is not None else ()
             output = model.output_schema if model is not None else None
-            self._openapi_bytes = json_bytes(build_openapi(self.config, schema, output))
+            declaration = getattr(model, "declaration", None)
+            self._openapi_bytes = json_bytes(
+                build_openapi(self.config, schema, output, declaration)
+            )
         return self.responder.respond(request, 200, self._openapi_bytes)
 
     # -- sync inference ---------------------------------------------------------------

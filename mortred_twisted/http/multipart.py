@@ -142,11 +142,6 @@ def form_envelope(form: FormSubmit) -> tuple[dict[str, Any], dict[str, Any], lis
         value: Any = values[0]
         if name in ("webhook_events_filter",):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        elif name == "priority":
-            try:
-                value = int(value)
-            except ValueError:
-                raise _invalid("priority must be an integer") from None
         envelope[name] = value
     params: dict[str, Any] = {}
     raw_params = form.fields.pop("params", None)

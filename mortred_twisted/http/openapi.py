@@ -25,9 +25,11 @@ def build_openapi(
     config: ServerConfig,
     params: Sequence[ParamSpec],
     output_schema: Mapping[str, Any] | None = None,
+    declaration: Any = None,
 ) -> dict[str, Any]:
     """The document for ``config`` whose model accepts ``params`` and answers
-    ``data`` of ``output_schema``."""
+    ``data`` of ``output_schema``; an SDK model's ``declaration``
+    (:class:`~mortred_twisted.sdk.declaration.Declaration`) describes its inputs."""
     result_schema: dict[str, Any] = {"$ref": "#/components/schemas/Envelope"}
     if output_schema is not None:
         result_schema = {
@@ -363,4 +365,62 @@ def build_openapi(
     }
     if output_schema is not None:
         document["components"]["schemas"]["ModelOutput"] = dict(output_schema)
+    if declaration is not None:
+        _declare_inputs(document, declaration)
     return document
+
+
+RESULT_FILE: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "content_type", "size", "sha256"],
+    "properties": {
+        "url": {"type": "string", "description": "GET it (same credentials); stored files"},
+        "name": {"type": "string"},
+        "content_type": {"type": "string"},
+        "size": {"type": "integer"},
+        "sha256": {"type": "string"},
+        "base64": {"type": "string", "format": "byte", "description": "inline results only"},
+    },
+}
+
+
+def _declare_inputs(document: dict[str, Any], declaration: Any) -> None:
+    """An SDK model: params from its declaration (required inputs, bounds, choices,
+    files), images optional, multipart submits, and the result-file schema."""
+    schemas = document["components"]["schemas"]
+    inputs = declaration.inputs_schema()
+    request = schemas["Request"]
+    request["properties"]["params"] = inputs
+    request["properties"]["images"].pop("minItems", None)
+    request["properties"]["images"]["description"] = (
+        "fills the model's single Image (or list[Image]) input"
+    )
+    schemas["ResultFile"] = RESULT_FILE
+    form: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            **{name: _form_field(prop) for name, prop in inputs["properties"].items()},
+            "params": {"type": "string", "description": "a JSON object of further inputs"},
+        },
+        "required": inputs["required"],
+    }
+    schemas["FormRequest"] = form
+    multipart = {"schema": {"$ref": "#/components/schemas/FormRequest"}}
+    for methods in document["paths"].values():
+        post = methods.get("post")
+        body = post.get("requestBody") if post else None
+        if body and "Request" in str(body["content"]["application/json"]["schema"]):
+            body["content"]["multipart/form-data"] = multipart
+    info = document["info"]
+    info["x-mortred-model"] = declaration.to_json()
+    if declaration.description:
+        info["description"] = declaration.description + "\n\n" + info["description"]
+
+
+def _form_field(prop: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON-schema input as a form field (files are binary parts)."""
+    if prop.get("type") == "array":
+        return {"type": "array", "items": _form_field(prop["items"]), "maxItems": prop["maxItems"]}
+    if "x-mortred-kind" in prop:
+        return {"type": "string", "format": "binary"}
+    return dict(prop)

@@ -284,6 +284,15 @@ class ModelRuntime:
             model=self.config.model_type,
             error=self.load_error,
         )
+        cause = getattr(failure.value, "__cause__", None)
+        if cause is not None:  # a user's model: the traceback of its import or setup()
+            import traceback
+
+            log.error(
+                "{model} load failure traceback:\n{tb}",
+                model=self.config.model_type,
+                tb="".join(traceback.format_exception(cause)),
+            )
 
     def shutdown(self, grace_s: float) -> Deferred[None]:
         """Stop admitting, drain in-flight jobs for up to ``grace_s``, close models."""

@@ -33,7 +33,7 @@ def test_fields_files_and_the_params_part_make_one_request() -> None:
         part("tags", b"x"),
         part("tags", b"y"),
         part("req_id", b"r-7"),
-        part("priority", b"3"),
+        part("priority", b"high"),
     )
     job_fields: dict = {}
     request = parse_form_envelope(raw, CT, None, job_fields)
@@ -43,7 +43,7 @@ def test_fields_files_and_the_params_part_make_one_request() -> None:
     assert request.params["image"] == Upload(
         b"\x89PNG-bytes\r\n--not-a-boundary", "image/png", "a.png"
     )
-    assert job_fields == {"priority": 3}
+    assert job_fields == {"priority": "high"}
 
 
 def test_images_parts_fill_the_seed_envelope_images() -> None:

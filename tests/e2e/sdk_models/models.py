@@ -1,0 +1,41 @@
+"""SDK models the end-to-end tests serve (named by file path in their server TOMLs)."""
+
+from __future__ import annotations
+
+import time
+
+from mortred_twisted.sdk import Context, Image, Input, ServedModel
+
+
+class Sharpen(ServedModel):
+    """Sharpens a picture in `steps` passes (progress, cancel between passes)."""
+
+    def setup(self) -> None:
+        self.pass_s = float(self.options.get("pass_s", 0.02))
+
+    def predict(
+        self,
+        ctx: Context,
+        image: Image = Input(description="the picture"),
+        amount: float = Input(1.0, ge=0.0, le=4.0),
+        steps: int = Input(3, ge=1, le=1000),
+    ) -> Image:
+        from PIL import ImageFilter
+
+        picture = image.to_pil("RGB")
+        for i in range(steps):
+            ctx.check_cancelled()
+            time.sleep(self.pass_s)
+            picture = picture.filter(ImageFilter.UnsharpMask(percent=int(50 * amount)))
+            ctx.progress(i + 1, steps)
+        return Image.from_pil(picture)
+
+
+class BrokenSetup(ServedModel):
+    """Its weights are missing."""
+
+    def setup(self) -> None:
+        raise FileNotFoundError(str(self.path("weights/none.safetensors")))
+
+    def predict(self) -> int:
+        return 0
