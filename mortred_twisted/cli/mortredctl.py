@@ -83,6 +83,15 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    for s in doc["servers"]:
+        a = s.get("autoscale")
+        if a:  # the autoscaler's last decision, and what it saw
+            out.write(
+                f"autoscale {s['id']}: {a['current']} -> {a['desired']} replicas "
+                f"({a['reason']}; min {a['min_replicas']}, max {a['max_replicas']}, "
+                f"backlog {a['backlog']}, in flight {a['inflight']}, waiting {a['waiting']}, "
+                f"start-up {a['startup_s']} s, last cold start {a['cold_start_s']} s)\n"
+            )
     return EXIT_OK
 
 

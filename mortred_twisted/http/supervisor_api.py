@@ -222,6 +222,39 @@ class SupervisorApi:
         d.addErrback(lambda f: None)  # outcomes are visible in status and logs
         return _json(request, 202, {"id": server_id, "action": action, **s.status()})
 
+    @app.route("/api/v1/autoscale/<server_id>/wake", methods=["POST"])
+    def wake(self, request: Any, server_id: str) -> Any:
+        """A gateway holds a request for an autoscaled id with no replica up: start
+        one (the scaler counts the waiting request) and answer once one is ready
+        (200, ``url``), or 503 with ``Retry-After`` (the measured start-up time)
+        after ``cold_start_timeout_s``. The API token or the internal token (the
+        gateway's) is accepted; the request carries no body."""
+        if not (self._authorized(request) or self._internal(request)):
+            return self._deny(request)
+        scaler = self.supervisor.scalers.get(server_id)
+        if scaler is None:
+            return _json(request, 404, {"error": f"not an autoscaled model: {server_id}"})
+        if self.supervisor.closing or not scaler.group.wanted:
+            why = "shutting down" if self.supervisor.closing else "stopped by an operator"
+            return self._cold_refusal(request, scaler, f"{server_id}: {why}")
+
+        def answer(url: str | None) -> bytes:
+            if url is None:
+                return self._cold_refusal(request, scaler, f"{server_id}: no replica ready yet")
+            return _json(request, 200, {"id": server_id, "url": url, **scaler.status()})
+
+        return scaler.wake().addCallback(answer)
+
+    def _internal(self, request: Any) -> bool:
+        token = bearer_token(request.getHeader(b"authorization"))
+        return bool(self.internal_token) and token_matches(token, self.internal_token)
+
+    @staticmethod
+    def _cold_refusal(request: Any, scaler: Any, message: str) -> bytes:
+        retry = scaler.retry_after_s()
+        request.setHeader(b"Retry-After", str(retry).encode("ascii"))
+        return _json(request, 503, {"error": message, "retry_after_s": retry})
+
     @app.route("/api/v1/servers/<server_id>/logs", methods=["GET"])
     def logs(self, request: Any, server_id: str) -> bytes:
         if not self._authorized(request):

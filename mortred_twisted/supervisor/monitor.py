@@ -105,6 +105,10 @@ class ManagedServer:
         self.spawns = 0
         self.last_exit: ExitStatus | None = None
         self.started_at: float | None = None
+        #: seconds from the last spawn to its first ready probe (None before one)
+        self.startup_s: float | None = None
+        #: clock time of the last exit before ready that nobody asked for
+        self.last_start_failure: float | None = None
         self.error: str | None = None
         self._handle: ChildHandle | None = None
         self._probe_call: IDelayedCall | None = None
@@ -120,6 +124,11 @@ class ManagedServer:
     @property
     def pid(self) -> int | None:
         return self._handle.pid if self._handle is not None else None
+
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM sent, the exit not seen yet."""
+        return self._stopping
 
     def status(self) -> dict[str, Any]:
         """The ``/api/v1/status`` entry of this child."""
@@ -138,6 +147,7 @@ class ManagedServer:
             "restart_count": self.restart_count,
             "last_exit": self.last_exit.to_json() if self.last_exit else None,
             "started_at": started,
+            "startup_s": round(self.startup_s, 3) if self.startup_s is not None else None,
             "error": self.error,
         }
 
@@ -232,6 +242,8 @@ class ManagedServer:
         if handle is not self._handle or self._stopping:
             return
         if ok and not self.ready:
+            if self.state == "starting" and self.started_at is not None:
+                self.startup_s = self.clock.seconds() - self.started_at
             self.ready = True
             self.state = "running"
             self.error = None
@@ -258,6 +270,8 @@ class ManagedServer:
             if call is not None and call.active():
                 call.cancel()
         self._probe_call = self._kill_call = None
+        if self.state == "starting" and not self._stopping:
+            self.last_start_failure = self.clock.seconds()
         self.ready = False
         self.last_exit = status
         self.logs.note(status.describe())
@@ -315,6 +329,8 @@ class Supervisor:
         self.models = {s.id: s for s in servers}
         self.start_concurrency = start_concurrency
         self.closing = False
+        #: model id -> its autoscaler (:mod:`mortred_twisted.supervisor.scaler`)
+        self.scalers: dict[str, Any] = {}
 
     def all(self) -> list[ManagedServer]:
         return ([self.gateway] if self.gateway else []) + list(self.models.values())
@@ -332,7 +348,12 @@ class Supervisor:
         return found
 
     def status(self) -> list[dict[str, Any]]:
-        return [s.status() for s in self.all()]
+        docs = [s.status() for s in self.all()]
+        for doc in docs:
+            scaler = self.scalers.get(doc["id"])
+            if scaler is not None:
+                doc["autoscale"] = scaler.status()
+        return docs
 
     def start_all(self, autostart: list[str]) -> defer.Deferred[dict[str, bool]]:
         """Start the gateway, then the ``autostart`` models, ``start_concurrency`` at a
@@ -359,6 +380,8 @@ class Supervisor:
     def stop_all(self) -> defer.Deferred[None]:
         """Stop every model (in parallel), then the gateway; no autostart after this."""
         self.closing = True
+        for scaler in self.scalers.values():
+            scaler.stop()
         ds = [s.stop() for s in self.models.values()]
         d = defer.gatherResults(ds, consumeErrors=True)
         if self.gateway is not None:

@@ -5,6 +5,13 @@ Each replica is its own :class:`~mortred_twisted.supervisor.monitor.ManagedServe
 on its own. The group stands where a single server would — in the supervisor, the
 status API, the metrics — so operator actions on ``<id>`` act on every replica,
 and the status of ``<id>`` lists each replica under ``"replicas"``.
+
+An **autoscaled** group (``floor`` given: its ``min_replicas``) holds a replica per
+port up to ``max_replicas`` but runs only some: :meth:`ReplicaGroup.start` starts
+the floor, :meth:`ReplicaGroup.scale_to` starts stopped members (then failed ones)
+in index order or stops the highest-numbered running ones, and :attr:`wanted` says
+whether an operator has it on (a stop turns it off: the scaler then leaves it
+alone until the next start).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from mortred_twisted.supervisor.monitor import ManagedServer
 
 #: How replica states fold into the group's: the first one any replica is in wins.
 _PRECEDENCE = ("running", "starting", "backoff", "failed", "stopped")
+#: Member states that count as up (the scaler's current count).
+_UP = frozenset({"starting", "running", "backoff"})
 
 
 def replica_id(server_id: str, index: int) -> str:
@@ -27,11 +36,18 @@ def replica_id(server_id: str, index: int) -> str:
 class ReplicaGroup:
     """N managed replicas of one id, shown and operated as one server."""
 
-    def __init__(self, server_id: str, replicas: list[ManagedServer]) -> None:
+    def __init__(
+        self, server_id: str, replicas: list[ManagedServer], *, floor: int | None = None
+    ) -> None:
         if not replicas:
             raise ValueError("a replica group needs replicas")
         self.id = server_id
         self.replicas = replicas
+        #: autoscaled: the replicas :meth:`start` starts (min_replicas); None: all
+        self.floor = floor
+        #: an operator's start turned the group on, a stop off (the scaler acts only
+        #: while it is on)
+        self.wanted = False
         first = replicas[0]
         self.kind = first.kind
         self.category = first.category
@@ -59,6 +75,26 @@ class ReplicaGroup:
         """The first replica's log (each replica's is ``logs/<id>@<n>.log``)."""
         return self.replicas[0].logs
 
+    def up(self) -> list[ManagedServer]:
+        """Members starting, running or waiting to restart, and not being stopped
+        (what the count is)."""
+        return [r for r in self.replicas if r.state in _UP and not r.stopping]
+
+    def scale_to(self, count: int) -> list[defer.Deferred[bool]]:
+        """Start or stop members until ``count`` are up; the start Deferreds (each
+        fires True once that replica is ready). Stopped members are SIGTERMed and
+        drain as at any stop (a Redis replica hands its claims back)."""
+        up = self.up()
+        if count < len(up):
+            for replica in sorted(up, key=lambda r: (r.ready, -self.replicas.index(r)))[
+                : len(up) - count
+            ]:
+                replica.stop()
+            return []
+        idle = [r for r in self.replicas if r.state == "stopped"]
+        idle += [r for r in self.replicas if r.state == "failed"]
+        return [r.start() for r in idle[: count - len(up)]]
+
     def member(self, server_id: str) -> ManagedServer | None:
         return next((r for r in self.replicas if r.id == server_id), None)
 
@@ -75,20 +111,31 @@ class ReplicaGroup:
         return doc
 
     def start(self) -> defer.Deferred[bool]:
-        """Start every replica; True once all are ready."""
-        d = defer.gatherResults([r.start() for r in self.replicas], consumeErrors=True)
+        """Start every replica (autoscaled: the floor, or the replicas already up);
+        True once those are ready."""
+        self.wanted = True
+        if self.floor is None:
+            starting = [r.start() for r in self.replicas]
+        else:
+            up = self.up()
+            starting = [r.start() for r in up] + self.scale_to(max(self.floor, len(up)))
+        d = defer.gatherResults(starting, consumeErrors=True)
         return d.addCallback(all)
 
     def stop(self) -> defer.Deferred[None]:
+        self.wanted = False
         d = defer.gatherResults([r.stop() for r in self.replicas], consumeErrors=True)
         return d.addCallback(lambda _: None)
 
     def restart(self) -> defer.Deferred[bool]:
         """Restart the replicas one after another, so the id keeps serving."""
 
+        members = self.replicas if self.floor is None else self.up()
+        self.wanted = True
+
         async def one_by_one() -> bool:
             ok = True
-            for replica in self.replicas:
+            for replica in members:
                 ok = bool(await replica.restart()) and ok
             return ok
 

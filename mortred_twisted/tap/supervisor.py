@@ -33,11 +33,13 @@ from twisted.web.client import Agent
 from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.server import redis_address
 from mortred_twisted.http.supervisor_api import SupervisorApi
 from mortred_twisted.http11.auth import is_loopback_host
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.upstream import UpstreamClient, quiet_pool
 from mortred_twisted.supervisor.logs import LogBuffer
+from mortred_twisted.supervisor.meter import StoreMeter, child_config
 from mortred_twisted.supervisor.metrics import supervisor_registry
 from mortred_twisted.supervisor.monitor import (
     ManagedServer,
@@ -48,6 +50,7 @@ from mortred_twisted.supervisor.monitor import (
 from mortred_twisted.supervisor.policy import RestartTracker
 from mortred_twisted.supervisor.process import ReactorSpawner, gateway_spec, model_spec
 from mortred_twisted.supervisor.replicas import ReplicaGroup, replica_id
+from mortred_twisted.supervisor.scaler import Scaler
 
 log = Logger()
 
@@ -165,6 +168,8 @@ class SupervisorService(service.MultiService):
         self.banner = banner
         self.secrets = secrets
         self.show = show
+        #: the autoscalers' store meters (started and stopped with the service)
+        self.meters: list[Any] = []
 
     def startService(self) -> None:
         super().startService()
@@ -175,12 +180,18 @@ class SupervisorService(service.MultiService):
                 "never logged); set MORTRED_API_TOKEN and MORTRED_GATEWAY_AUTH_TOKEN in "
                 "the environment and restart"
             )
+        for meter in self.meters:
+            meter.start()
+        for scaler in self.supervisor.scalers.values():
+            scaler.start()
         d = self.supervisor.start_all(self.autostart)
         d.addCallback(lambda r: log.info("autostart finished: {r}", r=r))
 
     def stopService(self) -> Any:
         log.info("stopping models, then the gateway")
-        d = self.supervisor.stop_all()
+        d = self.supervisor.stop_all()  # scalers first, so none starts a replica
+        for meter in self.meters:
+            d.addBoth(lambda _, m=meter: m.stop())
         d.addBoth(lambda _: service.MultiService.stopService(self))
         return d
 
@@ -236,8 +247,10 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             timing=timing,
         )
 
+    scaled: list[tuple[ReplicaGroup, CatalogEntry]] = []
+
     def model(e: CatalogEntry) -> Any:
-        if e.replicas == 1:
+        if e.replicas == 1 and e.autoscale is None:
             spec = model_spec(e, config, internal_token, env)
             return managed(e.id, "model", spec, f"{e.base_url}/ready", e.restart_policy,
                            e.category)  # fmt: skip
@@ -248,7 +261,11 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             replicas.append(
                 managed(replica_id(e.id, i), "model", spec, url, e.restart_policy, e.category)
             )
-        return ReplicaGroup(e.id, replicas)
+        if e.autoscale is None:
+            return ReplicaGroup(e.id, replicas)
+        group = ReplicaGroup(e.id, replicas, floor=e.autoscale.min_replicas)
+        scaled.append((group, e))
+        return group
 
     models = [model(e) for e in catalog.enabled()]
     gateway = None
@@ -287,6 +304,27 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         ),
         internal_token=internal_token,
     )
+    meters = []
+    # The meters' scrapes of /metrics: a short deadline (a hung replica must not
+    # stall its scaler's ticks, which never overlap).
+    scrape_pool = quiet_pool(reactor)
+    scrapes = UpstreamClient(
+        Agent(reactor, pool=scrape_pool), reactor, recv_timeout_s=2.0, pool=scrape_pool
+    )
+    for group, e in scaled:
+        assert e.autoscale is not None
+        child = model_spec(e, config, internal_token, env)
+        store = child_config(e.config_path or str(config.path(e.source)), child.env)
+        meter = StoreMeter.on_redis(
+            reactor,
+            store.id,
+            redis_address(store),
+            scrapes,
+            internal_token,
+            timeout_s=store.redis_timeout_ms / 1000.0,
+        )
+        meters.append(meter)
+        supervisor.scalers[e.id] = Scaler(group, e.autoscale, meter, reactor, e.replica_url)
     # The project's one HTTP server, with the gateway's body limits and budget, and
     # its deadlines (a slow or idle client cannot hold a connection).
     site = api.http_server(
@@ -318,6 +356,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
                 f"  web UI sign-in link: http://{sup.api_host}:{sup.api_port}/#token={api_token}"
             )
     svc = SupervisorService(supervisor, autostart, "\n".join(lines), "\n".join(secret_lines))
+    svc.meters = meters
     internet.TCPServer(
         sup.api_port, site, interface=sup.api_host, reactor=reactor
     ).setServiceParent(svc)
