@@ -83,6 +83,8 @@ class JobEventStream:
             seq += 1
             request.write(_event(snap, seq, initial=True))
             last = _key(snap)
+            model = rt.events.model
+            shown = self._write_model_events(request, job_id, 0)
             # A stopping server ends every stream with the job's current state (the
             # client reconnects elsewhere); a stream opened while stopping ends after
             # its first event.
@@ -92,7 +94,7 @@ class JobEventStream:
                 # shared store's events may arrive between the read and the
                 # counter, so read again once it is registered.
                 again = await settle(rt.store.snapshot(job_id))
-                if again is None or _key(again) != last:
+                if again is None or _key(again) != last or model.latest(job_id) > shown:
                     woke.addErrback(lambda _f: None)
                     woke.cancel()
                 else:
@@ -102,6 +104,7 @@ class JobEventStream:
                         request.write(sse.comment("ping"))
                         continue
                     again = await settle(rt.store.snapshot(job_id))
+                shown = self._write_model_events(request, job_id, shown)
                 if again is None:  # evicted (retention) while we streamed
                     break
                 snap = again
@@ -118,6 +121,14 @@ class JobEventStream:
                 woke.addErrback(lambda _f: None)
                 woke.cancel()
         return b""
+
+    def _write_model_events(self, request: IRequest, job_id: str, after: int) -> int:
+        """Write the model's events numbered above ``after`` (``preview``, ``output``,
+        …: their data is what the model emitted, files described); the last number."""
+        for number, name, data in self.runtime.events.model.since(job_id, after):
+            request.write(sse.event(name, data, f"m{number}"))
+            after = number
+        return after
 
 
 def _key(snap: JobSnapshot) -> tuple[Any, ...]:

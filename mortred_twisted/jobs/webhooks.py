@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: Every event a webhook can receive, in the order they happen.
-WEBHOOK_EVENTS: tuple[str, ...] = ("start", "progress", "completed")
+WEBHOOK_EVENTS: tuple[str, ...] = ("start", "progress", "output", "completed")
 
 #: The terminal event's retry policy (Cog's is the floor: 12 attempts, 100 ms doubling).
 DEFAULT_ATTEMPTS = 12
@@ -125,11 +125,13 @@ def jittered(delay_s: float, draw: float) -> float:
 def message_id(job_id: str, event: str, status: Mapping[str, Any]) -> str:
     """The ``webhook-id`` of one event of a job, from what the event reports (the same on
     every replica and every re-run): ``<job>.start``, ``<job>.progress.<step>``,
-    ``<job>.completed`` (a job has one terminal state). Retries keep it."""
+    ``<job>.output.<n>``, ``<job>.completed`` (a job has one terminal state). Retries keep it."""
     if event == "progress":
         progress = status.get("progress")
         step = progress.get("step", 0) if isinstance(progress, Mapping) else 0
         return f"{job_id}.progress.{step}"
+    if event == "output":  # an SDK model's streamed output, numbered per job
+        return f"{job_id}.output.{status.get('output_index', 0)}"
     return f"{job_id}.{event}"
 
 

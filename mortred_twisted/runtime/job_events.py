@@ -7,7 +7,8 @@ progress, it ended — and :class:`JobEvents` turns each report into
   :func:`events_counter`), which wakes every ``/jobs/{id}/events`` stream of the job
   (a stream re-reads the job's status and writes what changed: no polling);
 * a webhook delivery when the job was submitted with a ``webhook`` whose
-  ``webhook_events_filter`` names the event (``start``, ``progress``, ``completed``).
+  ``webhook_events_filter`` names the event (``start``, ``progress``, ``output``,
+  ``completed``; ``output`` carries a streamed output of an SDK model).
 
 Progress reports arrive on worker threads; they hop to the reactor with
 ``call_from_thread`` and are coalesced (one pending hop per job at a time), so a
@@ -32,6 +33,7 @@ from mortred_twisted.jobs.status import status_doc
 from mortred_twisted.jobs.store import JobStore, then
 from mortred_twisted.jobs.types import JobSnapshot
 from mortred_twisted.runtime.counters import NamedCounters
+from mortred_twisted.runtime.model_events import ModelEvents
 from mortred_twisted.runtime.webhooks import WebhookSender
 
 log = Logger()
@@ -59,6 +61,10 @@ class JobEvents:
         self._webhooks = webhooks
         self._hop_lock = threading.Lock()
         self._hops_pending: set[str] = set()
+        #: what SDK models emit (previews, streamed outputs), kept for the streams
+        self.model = ModelEvents(
+            call_from_thread=call_from_thread, wake=self.changed, webhook=self._output_webhook
+        )
 
     # -- reports ------------------------------------------------------------------
 
@@ -88,6 +94,13 @@ class JobEvents:
         self._counters.count_by_name(events_counter(job_id), None)
         self._webhook(job_id, "progress", terminal=False)
 
+    def emitted(self, job_id: str, name: str, data: Any) -> None:
+        """A running model emitted an event (any thread; see runtime/model_events.py)."""
+        self.model.emit_from_thread(job_id, name, data)
+
+    def _output_webhook(self, job_id: str, name: str, data: Any, seq: int) -> None:
+        self._webhook(job_id, name, terminal=False, extra={"output": data, "output_index": seq})
+
     def changed(self, job_id: str) -> None:
         """Something about the job changed elsewhere (another replica): wake streams."""
         self._counters.count_by_name(events_counter(job_id), None)
@@ -99,7 +112,9 @@ class JobEvents:
 
     # -- webhooks -----------------------------------------------------------------
 
-    def _webhook(self, job_id: str, event: str, *, terminal: bool) -> None:
+    def _webhook(
+        self, job_id: str, event: str, *, terminal: bool, extra: dict[str, Any] | None = None
+    ) -> None:
         if self._webhooks is None:
             return
         webhooks = self._webhooks
@@ -122,6 +137,8 @@ class JobEvents:
                             terminal=True,
                         ),
                     )  # fmt: skip
+                if extra:
+                    doc = {**doc, **extra}
                 return webhooks.send(job_id, url, event, doc, terminal=terminal)
 
             return then(self._store.snapshot(job_id), send)

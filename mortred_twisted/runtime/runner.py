@@ -324,6 +324,9 @@ class JobRunner:
             if self._events is not None:
                 self._events.started(job_id)
             ctx = RunContext(on_progress=lambda step, total: self._progress(job_id, step, total))
+            ctx.job_id = job_id
+            if self._events is not None:  # an SDK model's previews and streamed outputs
+                ctx.on_event = lambda name, data: self._events.emitted(job_id, name, data)
             self._contexts[job_id] = ctx
             run = run_model(self._threads, lease.worker, request, ctx)
             # The lease goes back when the run is over (its thread returned, or it

@@ -112,3 +112,26 @@ def test_a_setup_failure_leaves_the_server_not_ready_and_says_why() -> None:
         assert "none.safetensors" in health["error"]
         log = "".join(broken.log)
         assert "Traceback" in log and "raise FileNotFoundError" in log
+
+
+def test_a_streaming_model_sends_previews_and_outputs_on_the_event_stream() -> None:
+    """Each yield is an output event, each ctx.emit a preview; the result lists them."""
+    import http.client
+
+    with model_server(HERE / "frames.toml") as frames:
+        status, doc = frames.json("POST", "/jobs", {"params": {"n": 3}})
+        assert status == 202
+        conn = http.client.HTTPConnection("127.0.0.1", frames.port, timeout=30)
+        conn.request("GET", f"/jobs/{doc['job_id']}/events", headers={"Host": "localhost"})
+        stream = conn.getresponse().read().decode()
+        conn.close()
+        names = [
+            line[len("event: ") :] for line in stream.splitlines() if line.startswith("event: ")
+        ]
+        assert names.count("preview") == 3 and names.count("output") == 3, names
+        assert names[-1] == "done"
+        assert names.index("preview") < names.index("output")
+        _, result = frames.json("GET", f"/jobs/{doc['job_id']}/result")
+        assert [item["name"] for item in result["data"]] == [
+            "output-0.png", "output-1.png", "output-2.png",
+        ]  # fmt: skip

@@ -164,9 +164,10 @@ def test_message_ids_name_the_event_not_a_count() -> None:
     )
     assert message_id("job_a", "progress", {}) == "job_a.progress.0"
     assert message_id("job_a", "completed", {"state": "done"}) == "job_a.completed"
+    assert message_id("job_a", "output", {"output_index": 2}) == "job_a.output.2"
     ids = {
-        message_id("job_a", e, {"progress": {"step": s, "total": 3}})
+        message_id("job_a", e, {"progress": {"step": s, "total": 3}, "output_index": s})
         for e in WEBHOOK_EVENTS
         for s in (1, 2)
     }
-    assert len(ids) == 4  # start, progress.1, progress.2, completed
+    assert len(ids) == 6  # start, progress.1, progress.2, output.1, output.2, completed

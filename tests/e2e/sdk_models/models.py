@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
@@ -39,3 +40,14 @@ class BrokenSetup(ServedModel):
 
     def predict(self) -> int:
         return 0
+
+
+class Frames(ServedModel):
+    """Yields `n` frames, a preview before each (a streaming predict)."""
+
+    def predict(self, ctx: Context, n: int = Input(3, ge=1, le=50)) -> Iterator[Image]:
+        for i in range(n):
+            time.sleep(0.05)
+            ctx.emit("preview", {"frame": i})
+            ctx.progress(i + 1, n)
+            yield Image.from_array([[i * 20, 255 - i * 20]])
