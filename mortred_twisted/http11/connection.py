@@ -38,10 +38,12 @@ Contract (one :class:`HTTPConnection` per TCP connection, reactor thread only):
   ``100 Continue`` is sent: first the app's ``refuse_head`` (route, method,
   credentials, ``Content-Type``: 401/403/404/405/415, and its own 413), then
   ``max_body_bytes`` (413), then the process's **body budget** (503 +
-  ``Retry-After``: the bytes of request bodies held at once, declared lengths
-  reserved from the head, chunked ones as they grow, released when the request
-  is answered). A refusal is answered with ``Connection: close`` and the rest is
-  not read. A chunked body that grows over a limit is refused as soon as it does.
+  ``Retry-After``: the bytes of request bodies held at once, reserved as they
+  arrive, never from a head alone, and released when the request is answered; a
+  head whose declared length does not fit in what is free now is refused, and
+  reserves nothing either way). A refusal is answered with ``Connection: close``
+  and the rest is not read. A body that grows over a limit (the size limit, or
+  the budget as its bytes arrive) is refused as soon as it does.
   ``Expect: 100-continue`` is otherwise answered ``100 Continue`` once the head is
   accepted and the request is next in line.
 * **Per-address cap:** a client address with ``max_connections_per_address``
@@ -53,7 +55,14 @@ Contract (one :class:`HTTPConnection` per TCP connection, reactor thread only):
   streamed answer's producer (``request.registerProducer``); all resume once the
   buffer drained. A streamed answer without a producer that keeps writing while
   paused is cut after :data:`MAX_PAUSED_WRITE` bytes (a client that does not read
-  cannot make the process hold its stream).
+  cannot make the process hold its stream). **Write deadline** (nginx's
+  ``send_timeout``): a connection paused for its writes whose client has taken none
+  of its bytes for ``write_timeout_s`` (the read deadline's value unless set) is
+  aborted, whatever it has queued or streams: a client that pipelines requests and
+  never reads cannot hold its connection slot, nor the body budget of its queued
+  requests. Any byte taken restarts the deadline (a slow reader keeps its
+  connection); on a transport that does not say what it still holds (TLS, tests'
+  fakes), the deadline runs from the pause.
 * An exception while an answer is produced or written is logged and closes that
   connection (it is never left busy). A ``HEAD`` answer carries no body, a
   streamed one no chunk (not even the last).
@@ -201,6 +210,10 @@ class HTTPConnection(Protocol):
         self._paused_writes = 0  # stream bytes written while paused, no producer
         self._released_all = False
         self._address = ""
+        #: write deadline: since when the paused connection's client took nothing,
+        #: and how many bytes it had taken then (None: the transport does not say)
+        self._write_since = 0.0
+        self._taken_mark: int | None = None
 
     def connectionMade(self) -> None:
         self.last_active = self.factory.clock.seconds()
@@ -266,11 +279,8 @@ class HTTPConnection(Protocol):
             refusal = factory.judge_head(request, length if cl is not None else -1)
             if refusal is not None:
                 self._stop(refusal)
-            if length:
-                if not factory.reserve_body(length):
-                    self._stop(factory.over_budget(request))
-                self._held += length
-                request.held = length
+            if length and not factory.body_fits(length):
+                self._stop(factory.over_budget(request))
         self._request = request
         self._parts = []
         self._body_size = 0
@@ -293,12 +303,11 @@ class HTTPConnection(Protocol):
         factory = self.factory
         if self._body_size > factory.max_body_bytes:
             self._stop(factory.too_large(request, self._body_size))
-        grown = self._body_size - request.held
-        if grown > 0:  # a chunked body (a declared one never grows past its length)
-            if not factory.reserve_body(grown):
-                self._stop(factory.over_budget(request))
-            self._held += grown
-            request.held += grown
+        # Reserved as the bytes arrive: a head alone holds none of the budget.
+        if not factory.reserve_body(len(data)):
+            self._stop(factory.over_budget(request))
+        self._held += len(data)
+        request.held += len(data)
         self._parts.append(data)
 
     def on_message_complete(self) -> None:
@@ -556,6 +565,8 @@ class HTTPConnection(Protocol):
             return
         self._write_paused = True
         self._paused_writes = 0
+        self._write_since = self.factory.clock.seconds()
+        self._taken_mark = self._taken()
         self.factory.write_pauses += 1
         if not self._paused:
             self._paused = True
@@ -609,12 +620,42 @@ class HTTPConnection(Protocol):
             if pending is not None:
                 pending.cancel()  # releases the upstream stream
 
-    def expire(self, idle_before: float, read_before: float) -> None:
-        """The factory's sweep: a head or a body begun before ``read_before`` and
-        still incomplete is answered 408; a connection silent since before
-        ``idle_before`` between requests is closed. A request in progress, and what
-        is read behind it, is left alone."""
-        if self._closed or self._busy or self._queue:
+    def _taken(self) -> int | None:
+        """Bytes of ours the socket has taken out of what Twisted held for us, or
+        None when the transport does not say what it still holds. Reads the write
+        buffer of Twisted's ``FileDescriptor`` (``dataBuffer`` from ``offset``,
+        plus ``_tempDataLen``): its layout since Twisted 8."""
+        transport = self.transport
+        buffer = getattr(transport, "dataBuffer", None)
+        writer = self._writer
+        if buffer is None or writer is None:
+            return None
+        held = len(buffer) - getattr(transport, "offset", 0)
+        return writer.queued - held - getattr(transport, "_tempDataLen", 0)
+
+    def expire(
+        self, now: float, idle_before: float, read_before: float, write_before: float
+    ) -> None:
+        """The factory's sweep at ``now``: a connection paused for its writes whose
+        client took nothing since before ``write_before`` is aborted; a head or a
+        body begun before ``read_before`` and still incomplete is answered 408; a
+        connection silent since before ``idle_before`` between requests is closed.
+        A request in progress, and what is read behind it, is left alone by the
+        read and idle deadlines."""
+        if self._closed:
+            return
+        if self._write_paused:
+            taken = self._taken()
+            if taken is not None and taken != self._taken_mark:
+                self._taken_mark = taken  # the client read something: not stuck
+                self._write_since = now
+            elif self._write_since < write_before:
+                log.info("aborted a connection whose client reads nothing: {peer}",
+                         peer=self._peer())  # fmt: skip
+                self.factory.write_timeouts += 1
+                self._close(abort=True)
+                return
+        if self._busy or self._queue:
             return
         if self._in_message:
             if self._since < read_before:

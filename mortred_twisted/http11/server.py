@@ -61,6 +61,7 @@ class HTTPServerFactory(Factory):
         max_connections: int = 0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float | None = None,
         access_log: bool = False,
         on_refused: Callable[[int], None] | None = None,
         body_budget_bytes: int = 0,
@@ -83,9 +84,14 @@ class HTTPServerFactory(Factory):
         self.address_refusals = 0
         self.budget_refusals = 0
         self.write_pauses = 0
+        #: connections aborted by the write deadline (their client read nothing)
+        self.write_timeouts = 0
         self._refuse_head = getattr(app, "refuse_head", None)
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
+        #: the write deadline (see the connection's contract): the read deadline's
+        #: value unless given; 0 is none
+        self.write_timeout_s = read_timeout_s if write_timeout_s is None else write_timeout_s
         self.access_log = access_log
         self.too_large_message = f"request entity too large (limit {max_body_bytes} bytes)"
         self._on_refused = on_refused
@@ -139,8 +145,18 @@ class HTTPServerFactory(Factory):
             return self.too_large(request, length)
         return None
 
+    def body_fits(self, length: int) -> bool:
+        """Whether a body of ``length`` declared bytes fits in the budget's free part
+        now (nothing is reserved: bytes are, as they arrive); counts a refusal."""
+        budget = self.body_budget_bytes
+        if budget and self.body_bytes_held + length > budget:
+            self.budget_refusals += 1
+            return False
+        return True
+
     def reserve_body(self, n: int) -> bool:
-        """Take ``n`` bytes of the body budget; False (nothing taken) when over it."""
+        """Take ``n`` bytes of the body budget (bytes read); False (nothing taken)
+        when over it."""
         budget = self.body_budget_bytes
         if budget and self.body_bytes_held + n > budget:
             self.budget_refusals += 1
@@ -206,19 +222,21 @@ class HTTPServerFactory(Factory):
         )
 
     def sweep(self) -> None:
-        """Expire connections idle, or slow to send a head or a body (a deadline of 0
-        is none)."""
+        """Expire connections idle, slow to send a head or a body, or whose client
+        reads none of their answers (a deadline of 0 is none)."""
         now = self.clock.seconds()
         never = float("-inf")
         idle_before = now - self.idle_timeout_s if self.idle_timeout_s > 0 else never
         read_before = now - self.read_timeout_s if self.read_timeout_s > 0 else never
+        write_before = now - self.write_timeout_s if self.write_timeout_s > 0 else never
         for conn in list(self.connections):
-            conn.expire(idle_before, read_before)
+            conn.expire(now, idle_before, read_before, write_before)
 
     def startFactory(self) -> None:
-        """Sweep every ``sweep_fraction`` of the shorter deadline, at most every
+        """Sweep every ``sweep_fraction`` of the shortest deadline, at most every
         ``sweep_max_period_s``; no sweep when there is no deadline."""
-        deadlines = [t for t in (self.idle_timeout_s, self.read_timeout_s) if t > 0]
+        timeouts = (self.idle_timeout_s, self.read_timeout_s, self.write_timeout_s)
+        deadlines = [t for t in timeouts if t > 0]
         if deadlines and self._sweeper is None:
             period = min(self.sweep_max_period_s, min(deadlines) * self.sweep_fraction)
             self._sweeper = LoopingCall(self.sweep)

@@ -26,7 +26,7 @@ class EagerWriter:
     the ones Twisted holds (Twisted reports a send error as a lost connection).
     """
 
-    __slots__ = ("_on_backlog", "_socket", "_transport")
+    __slots__ = ("_on_backlog", "_socket", "_transport", "queued")
 
     def __init__(self, transport: Any, on_backlog: Callable[[], None] | None = None) -> None:
         self._transport = transport
@@ -34,6 +34,10 @@ class EagerWriter:
         #: called once, when Twisted first holds bytes of ours (write flow control);
         #: at once for a transport whose socket is not used directly
         self._on_backlog = on_backlog
+        #: bytes handed to ``transport.write`` (held by Twisted until the socket
+        #: takes them): with the transport's own count of what it still holds, how
+        #: much of it the client has taken (the write deadline's progress)
+        self.queued = 0
         if self._socket is None and on_backlog is not None:
             self._on_backlog = None
             on_backlog()
@@ -58,4 +62,5 @@ class EagerWriter:
             if self._on_backlog is not None:
                 on_backlog, self._on_backlog = self._on_backlog, None
                 on_backlog()
+        self.queued += len(data)
         transport.write(data)

@@ -5,8 +5,9 @@
 ``<prefix>_body_budget_refusals_total`` (heads answered 503 for lack of budget),
 ``<prefix>_address_refusals_total`` (connections closed by the per-address cap),
 ``<prefix>_write_pauses_total`` (times a connection stopped reading because its
-client did not read its answers). The server object is any with those attributes
-(:class:`~mortred_twisted.http11.server.HTTPServerFactory`).
+client did not read its answers), ``<prefix>_write_timeouts_total`` (connections
+aborted by the write deadline: their client read nothing). The server object is
+any with those attributes (:class:`~mortred_twisted.http11.server.HTTPServerFactory`).
 
 Thread contract: scrapes run on the reactor thread, as the server's updates do.
 """
@@ -49,4 +50,9 @@ class EdgeLimitsCollector:
             f"{p}_write_pauses",
             "Times a connection stopped reading while its client did not read",
             value=s.write_pauses,
+        )
+        yield CounterMetricFamily(
+            f"{p}_write_timeouts",
+            "Connections aborted: their client read none of their answers in time",
+            value=s.write_timeouts,
         )

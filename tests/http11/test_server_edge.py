@@ -93,18 +93,19 @@ def test_the_app_judges_only_heads_that_carry_a_body() -> None:
 
 
 def test_body_budget_refuses_from_the_head_and_never_drifts() -> None:
-    """A declared body that does not fit in the budget is a 503 with Retry-After from
-    its head; the budget comes back when the requests are answered or lost."""
+    """A declared body that does not fit in what the budget has free is a 503 with
+    Retry-After from its head; the budget comes back when the requests are answered
+    or lost."""
     s = Server(body_budget_bytes=1000)
     a, ta = s.connect()
-    a.dataReceived(POST_HEAD % (700, b""))  # reserved, body not sent yet
-    assert s.factory.body_bytes_held == 700
+    a.dataReceived(POST_HEAD % (700, b"") + b"y" * 699)  # held as read
+    assert s.factory.body_bytes_held == 699
     b, tb = s.connect()
     b.dataReceived(POST_HEAD % (400, b""))
     ((status, headers, _),) = responses(tb.value())
     assert status == 503 and headers[b"retry-after"] == b"1" and tb.disconnecting
     assert s.factory.budget_refusals == 1
-    a.dataReceived(b"y" * 700)
+    a.dataReceived(b"y")
     assert responses(ta.value())[0][2] == b"700"
     assert s.factory.body_bytes_held == 0
     c, _ = s.connect()
@@ -227,3 +228,126 @@ def test_head_on_a_streamed_answer_ends_once_its_head_is_sent() -> None:
     head, _, rest = out.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 200 ")
     assert s.app.dispatched == [b"/s", b"/next"] and not t.disconnecting
+
+
+class BufferedTransport(StringTransport):
+    """A StringTransport that, like Twisted's TCP transports, holds what the socket
+    has not taken yet (``dataBuffer`` from ``offset``, plus ``_tempDataLen``)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.dataBuffer = b""
+        self.offset = 0
+        self._tempDataLen = 0
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self._tempDataLen += len(data)
+
+    def client_reads(self, n: int) -> None:
+        """The peer takes ``n`` bytes (the kernel sent them)."""
+        self._tempDataLen -= n
+
+
+def paused_pipeline(s: Server, transport: StringTransport | None = None) -> Any:
+    """A connection paused by its writes with two pipelined GETs still queued."""
+    proto = s.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+    t = transport or StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+    proto.makeConnection(t)
+    s.factory.startFactory()
+    proto.dataReceived(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n" * 3)
+    return proto, t
+
+
+def test_a_paused_connection_with_queued_requests_is_aborted_past_the_write_deadline() -> None:
+    """A client that pipelines GETs and never reads: once its answers back up, the
+    connection is aborted after the write deadline (the read deadline's value by
+    default), although requests are queued (before: held open for ever)."""
+    s = Server(read_timeout_s=4, idle_timeout_s=4)
+    s.app.defer_next = True
+    proto, t = paused_pipeline(s)
+    proto.pauseProducing()  # the answer does not fit in the socket
+    s.app.pending[0].callback(b"x" * 1000)
+    assert s.app.dispatched == [b"/a"] and len(proto._queue) == 2
+    s.clock.advance(3.5)
+    assert not t.disconnected
+    s.clock.advance(2.5)  # past 4 s paused, one sweep later
+    assert t.disconnected and s.factory.write_timeouts == 1
+    s.factory.stopFactory()
+
+
+def test_a_client_that_reads_slowly_keeps_its_connection() -> None:
+    """Each sweep that finds bytes taken since the last one restarts the write
+    deadline: a slow reader is not a client that does not read."""
+    s = Server(read_timeout_s=60, idle_timeout_s=60, write_timeout_s=4)
+    s.app.defer_next = True
+    t = BufferedTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+    proto, _ = paused_pipeline(s, t)
+    proto.pauseProducing()
+    s.app.pending[0].callback(b"x" * 100_000)
+    for _ in range(10):  # 20 s paused in all, some bytes read every 2 s
+        s.clock.advance(2)
+        t.client_reads(1000)
+    assert not t.disconnected
+    for _ in range(5):  # then nothing read for longer than the deadline (+ sweeps)
+        s.clock.advance(2)
+    assert t.disconnected and s.factory.write_timeouts == 1
+    s.factory.stopFactory()
+
+
+def test_a_streamed_answer_whose_client_does_not_read_is_aborted_too() -> None:
+    """A stream with a producer (paused with the connection) to a client that never
+    reads is aborted past the write deadline, and its producer's Deferred cancelled."""
+    s = Server(read_timeout_s=4, idle_timeout_s=4)
+    s.app.defer_next = True
+    proto, t = s.connect()
+    s.factory.startFactory()
+    proto.dataReceived(b"GET /s HTTP/1.1\r\nHost: h\r\n\r\n")
+    s.app.requests[0].write(b"event\n")
+    proto.pauseProducing()
+    s.clock.advance(6.5)
+    assert t.disconnected
+    proto.connectionLost(None)
+    assert s.app.pending[0].called  # cancelled: the stream's source is released
+    s.factory.stopFactory()
+
+
+def test_heads_alone_reserve_none_of_the_body_budget() -> None:
+    """Sixteen heads announcing the largest body reserve nothing: another client's
+    POST is served (before: every byte of the budget was reserved by the heads and
+    the POST was answered 503 until the read deadline)."""
+    s = Server(body_budget_bytes=16 * 1000, max_body_bytes=1000)
+    for _ in range(16):
+        proto, t = s.connect()
+        proto.dataReceived(POST_HEAD % (1000, b"Expect: 100-continue\r\n"))
+        assert t.value() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert s.factory.body_bytes_held == 0
+    other, to = s.connect()
+    other.dataReceived(POST_HEAD % (10, b"") + b"y" * 10)
+    assert responses(to.value())[0][:1] == (200,)
+
+
+def test_body_bytes_are_reserved_as_they_arrive() -> None:
+    """The budget holds the bytes read so far; a head whose length does not fit in
+    what is free is a 503 from the head, and a body whose next bytes no longer fit
+    is a 503 (Connection: close) as soon as they arrive; the bytes come back."""
+    s = Server(body_budget_bytes=1000)
+    a, ta = s.connect()
+    a.dataReceived(POST_HEAD % (900, b"") + b"a" * 600)
+    assert s.factory.body_bytes_held == 600
+    late, tl = s.connect()
+    late.dataReceived(POST_HEAD % (500, b""))  # 600 + 500 do not fit: from the head
+    assert responses(tl.value())[0][0] == 503 and s.factory.body_bytes_held == 600
+    b, tb = s.connect()
+    b.dataReceived(POST_HEAD % (300, b"") + b"b" * 300)  # fits: answered
+    assert responses(tb.value())[0][2] == b"300" and s.factory.body_bytes_held == 600
+    s.app.defer_next = True
+    c, _ = s.connect()
+    c.dataReceived(POST_HEAD % (400, b"") + b"c" * 400)  # held until answered
+    assert s.factory.body_bytes_held == 1000
+    a.dataReceived(b"a" * 100)  # a's next bytes no longer fit
+    ((status, headers, _),) = responses(ta.value())
+    assert status == 503 and headers[b"retry-after"] == b"1" and ta.disconnecting
+    a.connectionLost(None)
+    c.connectionLost(None)
+    assert s.factory.body_bytes_held == 0 and s.factory.budget_refusals == 2
