@@ -145,8 +145,11 @@ class GatewayApp:
         metrics: GatewayMetrics | None = None,
         internal_token: str = "",
         request_id: Callable[[], str] | None = None,
+        cold_start: Any = None,
     ) -> None:
         self.catalog = catalog
+        #: holds requests for autoscaled ids with no replica up (gateway/cold_start.py)
+        self.cold_start = cold_start
         self.policy = policy
         self.upstream = upstream
         self.clock = clock
@@ -368,9 +371,17 @@ class GatewayApp:
             failure.raiseException()
         if failure.check(UpstreamUnavailable):  # refused: it never reached that replica
             other = route.elsewhere()
+            method = request.method.decode("ascii", "replace")
             if other is not None:
-                method = request.method.decode("ascii", "replace")
                 return self._forward(request, other, method, headers, data)
+            if self.cold_start is not None and self.cold_start.covers(route):
+                return self.cold_start.hold(
+                    route,
+                    lambda again: self._forward(request, again, method, headers, data),
+                    lambda message, retry_s: self._error(
+                        request, 503, message, label, {"Retry-After": str(retry_s)}
+                    ),
+                )
         e = failure.value
         self.metrics.upstream_errors.labels(type(e).__name__).inc()
         log.warn(

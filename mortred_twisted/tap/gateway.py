@@ -32,6 +32,7 @@ from mortred_twisted.config.control import (
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
+from mortred_twisted.gateway.cold_start import ColdStart, supervisor_wake
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.http.gateway import GatewayApp
 from mortred_twisted.http11.pool import LeanUpstreamClient
@@ -155,6 +156,20 @@ class GatewayService(service.MultiService):
         return drained
 
 
+def cold_start(
+    config: ControlConfig, catalog: Any, http: Any, internal_token: str, reactor: Any
+) -> ColdStart | None:
+    """Cold starts held for the autoscaled ids (None when there are none): the
+    supervisor of this config's ``[supervisor] api_host:api_port`` is woken."""
+    if not any(e.autoscale is not None for e in catalog.values()):
+        return None
+    sup = config.supervisor
+    host = "127.0.0.1" if sup.api_host in ("0.0.0.0", "") else sup.api_host
+    host = f"[{host}]" if ":" in host else host
+    wake = supervisor_wake(http, f"http://{host}:{sup.api_port}", internal_token)
+    return ColdStart(catalog, wake, reactor)
+
+
 def build_service(options: Options, reactor: Any, env: dict[str, str]) -> GatewayService:
     """Everything but the reactor choice; raises ``usage.UsageError`` on bad config."""
     try:
@@ -191,6 +206,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         clock=reactor,
         metrics=metrics,
         internal_token=internal_token,
+        cold_start=cold_start(config, catalog, upstream, internal_token, reactor),
     )
     # Our HTTP/1.1 connection handling on llhttp (http11/server.py), not twisted.web:
     # per request it costs about half the CPU, and the gateway's CPU bounds its

@@ -1,0 +1,185 @@
+"""Cold starts: the gateway holds requests for an autoscaled id with no replica up
+(reactor thread).
+
+When every upstream of an autoscaled model id refused the connection (its
+replicas were scaled to zero, or are still starting), the gateway does not answer
+503 at once: it asks the supervisor to start one (``POST /api/v1/autoscale/<id>/
+wake``, one call in flight per id, shared by every held request) and forwards the
+request to the replica the answer names, once it is ready. A submit held this way
+gets its 202 when the first replica is up and has admitted it (the job is then in
+the shared Redis store like any other); the body was read before the first try,
+so nothing is sent twice.
+
+**Bounds**, per id (``[servers.<id>]``): at most ``cold_start_max_waiting``
+requests held at once, each for at most ``cold_start_timeout_s``. Beyond either,
+or when the supervisor refuses (operator stop, shutdown) or cannot be reached, the
+request is answered 503 with ``Retry-After``: the replica start-up time the
+supervisor measured (its last answer's ``startup_s``; before any was measured, the
+timeout). A request is held once: its retry, and the retries that follow a refused
+connection from it, are marked (:data:`HELD`) and end like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from mortred_twisted.config.catalog import Catalog
+from mortred_twisted.gateway.routing import Route
+
+log = Logger()
+
+#: Carried in a retried route's ``tried`` set (never a URL, so ``pick`` ignores it):
+#: that request was held once already.
+HELD = "cold-start:held"
+
+
+@dataclass(frozen=True)
+class Woken:
+    """The supervisor's answer to a wake: a ready replica's base URL (None: none
+    within its bound, or refused), and the measured start-up time, if known."""
+
+    url: str | None
+    startup_s: float | None = None
+
+
+Wake = Callable[[str], "defer.Deferred[Woken]"]
+
+
+class ColdStart:
+    """The held requests of every autoscaled id this gateway routes."""
+
+    def __init__(self, catalog: Catalog, wake: Wake, clock: IReactorTime) -> None:
+        self.settings = {e.id: e.autoscale for e in catalog.values() if e.autoscale is not None}
+        self._wake = wake
+        self._clock = clock
+        self.waiting: dict[str, int] = dict.fromkeys(self.settings, 0)
+        self.held = 0
+        self.refused = 0
+        self._calls: dict[str, defer.Deferred[Woken]] = {}
+        self._startup_s: dict[str, float] = {}
+
+    def covers(self, route: Route) -> bool:
+        """True for a route of an autoscaled id not held before."""
+        return route.entry.id in self.settings and HELD not in route.tried
+
+    def retry_after_s(self, model_id: str) -> int:
+        settings = self.settings[model_id]
+        startup = self._startup_s.get(model_id, settings.cold_start_timeout_s)
+        return max(1, math.ceil(startup))
+
+    def hold(
+        self,
+        route: Route,
+        retry: Callable[[Route], defer.Deferred[bytes]],
+        refuse: Callable[[str, int], bytes],
+    ) -> defer.Deferred[bytes]:
+        """Hold ``route``'s request until a replica is ready, then ``retry`` it there;
+        ``refuse(message, retry_after_s)`` renders the 503 beyond the bounds. The
+        Deferred fires with the body to send; cancelling it (the client left)
+        releases the place."""
+        model_id = route.entry.id
+        settings = self.settings[model_id]
+        if self.waiting[model_id] >= settings.cold_start_max_waiting:
+            self.refused += 1
+            message = f"{model_id}: starting; {self.waiting[model_id]} requests already wait"
+            return defer.succeed(refuse(message, self.retry_after_s(model_id)))
+        self.waiting[model_id] += 1
+        self.held += 1
+        released = [False]
+
+        def release() -> None:
+            if not released[0]:
+                released[0] = True
+                self.waiting[model_id] -= 1
+
+        held: defer.Deferred[Woken] = defer.Deferred(lambda _d: release())
+        shared = self._call(model_id)
+        shared.addCallback(lambda woken: held.callback(woken) if not held.called else None)
+        timer = self._clock.callLater(
+            settings.cold_start_timeout_s,
+            lambda: held.callback(Woken(None)) if not held.called else None,
+        )
+
+        def woken(w: Woken) -> Any:
+            release()
+            if timer.active():
+                timer.cancel()
+            if w.url is None:
+                self.refused += 1
+                message = f"{model_id}: no replica ready yet (starting one)"
+                return refuse(message, self.retry_after_s(model_id))
+            again = Route(
+                route.kind,
+                route.entry,
+                route.upstream_path,
+                route.job_id,
+                w.url,
+                route.upstreams,
+                frozenset({HELD}),
+            )
+            return retry(again)
+
+        def cancelled(failure: Any) -> Any:
+            release()
+            if timer.active():
+                timer.cancel()
+            return failure
+
+        held.addCallbacks(woken, cancelled)
+        return held
+
+    def _call(self, model_id: str) -> defer.Deferred[Woken]:
+        """A Deferred of the (shared) wake call in flight for ``model_id``."""
+        call = self._calls.get(model_id)
+        if call is None:
+            call = self._wake(model_id)
+            self._calls[model_id] = call
+
+            def done(w: Any) -> Woken:
+                self._calls.pop(model_id, None)
+                if not isinstance(w, Woken):
+                    log.warn("cold start {id}: wake failed: {why}", id=model_id, why=w)
+                    w = Woken(None)
+                if w.startup_s is not None:
+                    self._startup_s[model_id] = w.startup_s
+                return w
+
+            call.addBoth(done)
+        out: defer.Deferred[Woken] = defer.Deferred()
+        call.addCallback(lambda w: (out.callback(w), w)[1])
+        return out
+
+
+def supervisor_wake(http: Any, api_url: str, internal_token: str) -> Wake:
+    """A :data:`Wake` over HTTP: ``POST <api_url>/api/v1/autoscale/<id>/wake`` with the
+    internal token, through ``http`` (an upstream client's ``request``)."""
+    headers = {b"authorization": [b"Bearer " + internal_token.encode("latin-1")]}
+
+    def wake(model_id: str) -> defer.Deferred[Woken]:
+        url = f"{api_url}/api/v1/autoscale/{model_id}/wake"
+        d = http.request("POST", url, headers, None)
+
+        def read(response: Any) -> Woken:
+            try:
+                doc = json.loads(response.body)
+            except ValueError:
+                doc = {}
+            startup = doc.get("startup_s") if isinstance(doc, dict) else None
+            if response.code == 200 and isinstance(doc.get("url"), str):
+                return Woken(doc["url"], startup)
+            retry = doc.get("retry_after_s") if isinstance(doc, dict) else None
+            return Woken(None, startup if startup is not None else retry)
+
+        d.addCallback(read)
+        d.addErrback(lambda f: Woken(None))
+        return d
+
+    return wake
