@@ -7,8 +7,9 @@ parses the request, calls them in the contract's order and renders.
 Order for a public route: path shape (404 when nothing matches) → method (405 + Allow)
 → credentials (401 + WWW-Authenticate, 403 scope, 429 + Retry-After per key) → model id
 (404) → forward. For a request that carries a body all of that is decided from its
-head (:meth:`GatewayApp.refuse_head`, then 415 for a non-JSON body on a POST route,
-then the body-size limit, 413), before any of the body is read.
+head (:meth:`GatewayApp.refuse_head`, then 413 for a body on a route that takes
+none, 415 for a non-JSON body on a POST route, then the body-size limit, 413),
+before any of the body is read.
 Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies pass
 through unchanged, except job URLs: the submit's 202 ``Location`` and the
 ``poll_url``/``result_url`` fields (of the 202, of 200 poll/wait views and cancel
@@ -99,7 +100,8 @@ _JOB_ROUTES = frozenset(
         RouteKind.QUEUE,
     }
 )
-#: Routes whose body must be JSON (415 from the head otherwise, as on the model).
+#: Routes whose body must be JSON (415 from the head otherwise, as on the model);
+#: the only routes that take a body (any other answers one 413 from the head).
 _JSON_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY})
 #: 2xx answers whose JSON body repeats job URLs.
 _REWRITTEN = {
@@ -221,17 +223,21 @@ class GatewayApp:
         """The server's question on the head of a request that carries a body
         (before any of it is read or ``100 Continue`` is sent): the answer when the
         route, method, credentials, model id or ``Content-Type`` refuse it (404,
-        405, 401, 403, 429, 415), else None, and :meth:`dispatch` goes on from what
-        was decided here (the per-key rate limit is taken once)."""
-        if request.path in (b"/healthz", b"/metrics"):
-            return None  # answered by dispatch (a body there is ignored)
+        405, 401, 403, 429, 415), or the route takes no body (health, metrics, job
+        reads, cancel: 413), else None, and :meth:`dispatch` goes on from what was
+        decided here (the per-key rate limit is taken once)."""
+        path = request.path
+        if (path == b"/healthz" or path == b"/metrics") and request.method in (b"GET", b"HEAD"):
+            label = path[1:].decode("ascii")
+            return self._error(request, 413, f"{label} takes no request body", label)
         judged = self._judge(request)
         if isinstance(judged, bytes):
             return judged
         route = judged[0]
-        if route.kind in _JSON_BODY and not is_json_content_type(
-            request.getHeader(b"content-type")
-        ):
+        if route.kind not in _JSON_BODY:
+            label = route.kind.value
+            return self._error(request, 413, f"{label} takes no request body", label)
+        if not is_json_content_type(request.getHeader(b"content-type")):
             return self._error(
                 request, 415, "content type must be application/json", route.kind.value
             )

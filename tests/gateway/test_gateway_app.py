@@ -440,3 +440,39 @@ def test_an_open_gateway_answers_only_loopback_host_names() -> None:
     client.proto.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: localhost:8080\r\n\r\n")
     answer = client.answer()
     assert answer is not None and answer[0].code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "auth"),
+    [
+        ("GET", "/healthz", False),
+        ("GET", "/metrics", False),
+        ("POST", "/healthz", False),
+        ("GET", "/v1/models/ASYNC/jobs/job_known", True),
+        ("DELETE", "/v1/models/ASYNC/jobs/job_known", True),
+        ("GET", "/v1/models/ASYNC/jobs/job_known/events", True),
+    ],
+)
+def test_a_body_on_a_route_that_takes_none_is_refused_from_its_head(
+    method: str, path: str, auth: bool
+) -> None:
+    """A head announcing a body to a route that takes none (health, metrics, job
+    reads, cancel) is answered from the head, before a body byte or 100 Continue,
+    and holds none of the body budget (before: /healthz and /metrics skipped the head
+    decision and let any client announce 16 MB there)."""
+    h = Harness()
+    h.server.body_budget_bytes = 1 << 20
+    client = Client(h)
+    extra = f"Authorization: Bearer {TOKEN}\r\n" if auth else ""
+    client.proto.dataReceived(
+        f"{method} {path} HTTP/1.1\r\nHost: gw\r\n{extra}Content-Length: 900000\r\n"
+        "Content-Type: application/json\r\nExpect: 100-continue\r\n\r\n".encode()
+    )
+    h.flush()
+    raw = client.transport.value()
+    assert b"100 Continue" not in raw and client.transport.disconnecting, raw[:200]
+    status = int(raw.split(b" ", 2)[1])
+    assert status in (405, 413), raw[:200]  # POST /healthz: 405 as without a body
+    if status == 413:
+        assert b"takes no request body" in raw
+    assert h.server.body_bytes_held == 0 and h.model.seen == []
