@@ -1,7 +1,8 @@
 # mortred-twisted: the two commands of the README, and a few helpers.
 #   make run    install into .venv and start the main job: the control plane (supervisor
 #               :8787 + gateway :8080 + the catalog's models), printing tokens and URLs
-#   make test   install into .venv and run the whole test suite (what CI runs)
+#   make test   install into .venv and run the whole test suite (what CI runs): pytest,
+#               then trial (tests.testing_trial)
 # A regular (non-editable) install is deliberate: twistd discovers the plugins only
 # from an installed twisted/plugins folder.
 
@@ -45,8 +46,11 @@ run-replicas: install
 run-model: install
 	$(VENV)/bin/twistd -n --pidfile= mortred-model --config $(RUN_CONFIG)
 
+# pytest, then trial for the model-testing harness's trial suite (its TestCase must
+# work under both runners; PYTHONPATH: the checkout, as pytest sees it).
 test: install
 	$(PY) -m pytest -q
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=build/_trial_temp tests.testing_trial
 
 test-fast: install
 	$(PY) -m pytest -q -m 'not slow'

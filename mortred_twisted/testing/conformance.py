@@ -1,0 +1,486 @@
+"""The contract every served model keeps, checked on one declaration.
+
+:func:`check` loads a target (a class, ``module:Class`` or ``file.py:Class``) with a
+:class:`~mortred_twisted.testing.harness.ModelHarness` and checks, in order:
+
+* ``declaration``: the SDK can serve it (else nothing else is checked);
+* ``validation``: sample inputs (yours, or made from the declaration: defaults, the
+  lower bound or first choice of a required input, a small PNG for an image) pass
+  the server's validation without ``setup`` running; an unknown key and a missing
+  required input are refused naming ``params.<input>``;
+* ``validation-imports``: (``isolated=True``) in a fresh interpreter, validating
+  imports no torch beyond what importing your module did (a module that imports
+  torch itself is noted, not failed: a process-isolated server never imports it);
+* ``run``: one run succeeds; ``progress``: every ``(step, total)`` is monotone
+  (the fraction done never goes back); ``output``: the output has the declared kind
+  (files described, their bytes captured and matching size and sha256; a streaming
+  model's ``output`` events are its result's items);
+* ``cancel``: cancelled after its first progress report, the run ends with
+  ``RunCancelled`` raised by ``predict`` within one more step (not checked, and
+  said so, for a model that reports fewer than two steps);
+* ``batch``: a batch of three answers three results, each of the declared kind, an
+  invalid item fails alone, and (for a model whose output does not vary between two
+  runs) each item's output equals the same input's single run.
+
+:func:`check` returns a :class:`ConformanceReport`; with ``raise_on_problem`` (the
+default) it raises :class:`ConformanceError` listing every problem at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from mortred_twisted.models.base import InvalidRequest, ModelLoadError
+from mortred_twisted.sdk.declaration import Declaration, InputDecl, OutputDecl
+from mortred_twisted.testing.harness import ModelHarness, RunResult, Target, target_name
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: ``ok`` True (passed), False (a problem) or None (not applicable)."""
+
+    name: str
+    ok: bool | None
+    detail: str = ""
+
+
+@dataclass
+class ConformanceReport:
+    """What :func:`check` found (``problems``: the failed checks' lines)."""
+
+    target: str
+    declaration: Declaration | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool | None, detail: str = "") -> bool:
+        self.checks.append(Check(name, ok, detail))
+        return bool(ok)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{c.name}: {c.detail}" for c in self.checks if c.ok is False]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "ok": self.ok,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+        }
+
+    def __str__(self) -> str:
+        marks = {True: "ok  ", False: "FAIL", None: "skip"}
+        lines = [f"conformance of {self.target}: {'ok' if self.ok else 'FAILED'}"]
+        lines += [f"  {marks[c.ok]} {c.name}" + (f": {c.detail}" if c.detail else "")
+                  for c in self.checks]  # fmt: skip
+        return "\n".join(lines)
+
+
+class ConformanceError(AssertionError):
+    """A declaration that breaks the contract; ``report`` has every check."""
+
+    def __init__(self, report: ConformanceReport) -> None:
+        listed = "\n".join(f"  - {p}" for p in report.problems)
+        super().__init__(f"{report.target} breaks the model contract:\n{listed}")
+        self.report = report
+
+
+# -- sample inputs -------------------------------------------------------------------
+
+
+def tiny_png(width: int = 16, height: int = 16) -> bytes:
+    """A small RGB gradient PNG (written by hand: no Pillow needed)."""
+    rows = b"".join(
+        b"\x00" + bytes(v for x in range(width) for v in (x * 16 % 256, y * 16 % 256, 128))
+        for y in range(height)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _sample_value(decl: InputDecl) -> Any:
+    if decl.kind == "image":
+        return tiny_png()
+    if decl.kind == "file":
+        return b"conformance sample\n"
+    if decl.choices:
+        return decl.choices[0]
+    if decl.kind == "bool":
+        return False
+    if decl.kind in ("int", "float"):
+        low = decl.ge if decl.ge is not None else (min(0, decl.le) if decl.le is not None else 0)
+        return int(-(-low // 1)) if decl.kind == "int" else float(low)
+    return "a" * max(decl.min_length or 1, 1)
+
+
+def sample_inputs(declaration: Declaration) -> dict[str, Any]:
+    """Inputs that should pass validation: every required input given a value."""
+    out: dict[str, Any] = {}
+    for decl in declaration.inputs:
+        if decl.required:
+            value = _sample_value(decl)
+            out[decl.name] = [value] if decl.is_list else value
+    return out
+
+
+# -- outputs --------------------------------------------------------------------------
+
+
+def output_problems(decl: OutputDecl, value: Any, result: RunResult, where: str) -> list[str]:
+    """How ``value`` (JSON, files described) differs from the declared output."""
+    if decl.is_list:
+        if not isinstance(value, list):
+            return [f"{where}: declared a list, got {type(value).__name__}"]
+        item = replace(decl, is_list=False)
+        return [
+            p
+            for i, v in enumerate(value)
+            for p in output_problems(item, v, result, f"{where}[{i}]")
+        ]
+    kind = decl.kind
+    if kind in ("image", "file"):
+        if not isinstance(value, dict) or "sha256" not in value or "content_type" not in value:
+            return [f"{where}: declared {kind}, got {str(value)[:80]!r} (not a file description)"]
+        problems = []
+        if kind == "image" and not str(value["content_type"]).startswith("image/"):
+            problems.append(f"{where}: declared an image, got {value['content_type']}")
+        data = result.files.get(value.get("name", ""))
+        if "url" in value and data is None:
+            problems.append(f"{where}: file {value.get('name')!r} was described but not stored")
+        if data is not None:
+            import hashlib
+
+            if (
+                len(data) != value.get("size")
+                or hashlib.sha256(data).hexdigest() != value["sha256"]
+            ):
+                problems.append(f"{where}: file {value['name']!r} does not match its size/sha256")
+        return problems
+    expected = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}.get(kind)
+    if expected is not None:
+        if not isinstance(value, expected) or (kind != "bool" and isinstance(value, bool)):
+            return [f"{where}: declared {kind}, got {type(value).__name__}"]
+        return []
+    if kind == "object":
+        if not isinstance(value, dict):
+            return [f"{where}: declared a dataclass, got {type(value).__name__}"]
+        names = [name for name, _ in decl.fields]
+        if sorted(value) != sorted(names):
+            return [f"{where}: fields {sorted(value)} are not the declared {sorted(names)}"]
+        return [
+            p
+            for name, out in decl.fields
+            for p in output_problems(out, value[name], result, f"{where}.{name}")
+        ]
+    return []  # json: any JSON value
+
+
+def _result_problems(declaration: Declaration, result: RunResult) -> list[str]:
+    if not declaration.streams:
+        return output_problems(declaration.output, result.output, result, "output")
+    if not isinstance(result.output, list):
+        return [
+            f"output: a streaming predict's result is a list, got {type(result.output).__name__}"
+        ]
+    problems = [
+        p
+        for i, item in enumerate(result.output)
+        for p in output_problems(declaration.output, item, result, f"output[{i}]")
+    ]
+    if result.events_named("output") != result.output:
+        problems.append("output: the output events are not the result's items")
+    return problems
+
+
+def _monotone(progress: list[tuple[int, int]]) -> str | None:
+    done = -1.0
+    for step, total in progress:
+        fraction = step / total if total else 1.0
+        if fraction < done:
+            return f"progress went back: {progress}"
+        done = fraction
+    return None
+
+
+# -- the isolated validation check ------------------------------------------------------
+
+_PROBE = r"""
+import json, sys
+target, base, params = sys.argv[1], sys.argv[2] or None, json.loads(sys.argv[3])
+from pathlib import Path
+from mortred_twisted.testing.harness import ModelHarness
+h = ModelHarness(target, base=base)
+after_import = "torch" in sys.modules
+h.validate(params)
+print(json.dumps({"after_import": after_import, "after_validate": "torch" in sys.modules,
+                  "setups": h.setups}))
+"""
+
+
+def _probe_imports(target: str, base: str | None, sample: Mapping[str, Any]) -> dict[str, Any]:
+    from mortred_twisted.testing.server import json_value
+
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, os.getcwd(), env.get("PYTHONPATH", "")) if p
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, target, base or "", json.dumps(json_value(dict(sample)))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the check ---------------------------------------------------------------------------
+
+
+def check(
+    target: Target,
+    inputs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    *,
+    base: str | os.PathLike[str] | None = None,
+    root: str | os.PathLike[str] | None = None,
+    isolated: bool = True,
+    raise_on_problem: bool = True,
+) -> ConformanceReport:
+    """See the module docstring. ``inputs``: the inputs to run with (default: made
+    from the declaration); ``options``: the model's options; ``isolated``: also
+    check in a fresh interpreter that validation imports no torch (a class target
+    must then be importable by name)."""
+    report = ConformanceReport(target_name(target))
+    try:
+        harness = ModelHarness(target, options, base=base, root=root)
+    except ModelLoadError as exc:
+        report.add("declaration", False, str(exc))
+        return _finish(report, raise_on_problem)
+    declaration = report.declaration = harness.declaration
+    report.add(
+        "declaration", True, f"{len(declaration.inputs)} input(s), output {declaration.output.kind}"
+    )
+    sample = dict(inputs) if inputs is not None else sample_inputs(declaration)
+    try:
+        _check_validation(report, harness, sample)
+        if isolated:
+            _check_imports(report, target, base, sample)
+        with harness:
+            _check_runs(report, harness, sample)
+    except ModelLoadError as exc:
+        report.add("setup", False, str(exc))
+    return _finish(report, raise_on_problem)
+
+
+def _finish(report: ConformanceReport, raise_on_problem: bool) -> ConformanceReport:
+    if raise_on_problem and not report.ok:
+        raise ConformanceError(report)
+    return report
+
+
+def _check_validation(
+    report: ConformanceReport, harness: ModelHarness, sample: dict[str, Any]
+) -> None:
+    declaration = harness.declaration
+    try:
+        harness.validate(sample)
+    except Exception as exc:
+        report.add(
+            "validation",
+            False,
+            f"the sample inputs {sorted(sample)} are refused: {exc} (give inputs=)",
+        )
+        return
+    if harness.setups:
+        report.add("validation", False, "validating ran setup()")
+        return
+    wrong: list[str] = []
+    bogus = "no_such_input_" + "x" * 3
+    try:
+        harness.validate({**sample, bogus: 1})
+        wrong.append(f"an unknown input {bogus!r} was accepted")
+    except InvalidRequest as exc:
+        if exc.field != f"params.{bogus}":
+            wrong.append(f"an unknown input was refused as {exc.field!r}")
+    for decl in declaration.inputs:
+        if not decl.required:
+            continue
+        try:
+            harness.validate({k: v for k, v in sample.items() if k != decl.name})
+            wrong.append(f"the required input {decl.name!r} was not required")
+        except InvalidRequest as exc:
+            if exc.field != f"params.{decl.name}":
+                wrong.append(f"a missing {decl.name!r} was refused as {exc.field!r}")
+    detail = "; ".join(wrong) or "sample inputs pass without setup(); 422s name params.<input>"
+    report.add("validation", not wrong, detail)
+
+
+def _check_imports(
+    report: ConformanceReport, target: Target, base: Any, sample: dict[str, Any]
+) -> None:
+    try:
+        found = _probe_imports(target_name(target), str(base) if base is not None else None, sample)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+        report.add("validation-imports", False, f"validating in a fresh interpreter failed: {exc}")
+        return
+    if found["after_validate"] and not found["after_import"]:
+        report.add("validation-imports", False, "validating imported torch")
+    elif found["after_import"]:
+        report.add(
+            "validation-imports",
+            True,
+            "validation imports nothing; the module itself imports torch",
+        )
+    else:
+        report.add("validation-imports", True, "no torch imported")
+
+
+def _check_runs(report: ConformanceReport, harness: ModelHarness, sample: dict[str, Any]) -> None:
+    declaration = harness.declaration
+    harness.model  # noqa: B018 - set up now: a setup error is a problem of its own
+    first = harness.attempt(**sample)
+    if not report.add(
+        "run",
+        first.ok,
+        f"{type(first.error).__name__}: {first.error}"
+        if first.error
+        else f"{len(first.progress)} progress report(s), {len(first.files)} file(s), "
+        f"{len(first.events)} event(s)",
+    ):
+        return
+    went_back = _monotone(first.progress)
+    report.add(
+        "progress",
+        went_back is None,
+        went_back or f"{first.progress[-1] if first.progress else 'none reported'}",
+    )
+    problems = _result_problems(declaration, first)
+    report.add("output", not problems, "; ".join(problems) or f"matches {_describe(declaration)}")
+    _check_cancel(report, harness, sample, first)
+    _check_batch(report, harness, sample, first)
+
+
+def _describe(declaration: Declaration) -> str:
+    out = declaration.output
+    kind = f"list[{out.kind}]" if out.is_list else out.kind
+    return f"stream of {kind}" if declaration.streams else kind
+
+
+def _check_cancel(
+    report: ConformanceReport, harness: ModelHarness, sample: dict[str, Any], first: RunResult
+) -> None:
+    if len(first.progress) < 2:
+        report.add("cancel", None, "not checked: predict reports fewer than two progress steps")
+        return
+    at = first.progress[0][0]
+    run = harness.attempt(cancel_at_step=at, **sample)
+    if not run.cancelled:
+        report.add(
+            "cancel",
+            False,
+            f"cancelled at step {at}, the run ended {'done' if run.ok else run.error!r}",
+        )
+    elif run.returned_after_cancel:
+        report.add(
+            "cancel",
+            False,
+            f"cancelled at step {at}, predict went on to the end ({len(run.progress)} steps)",
+        )
+    elif run.progress_after_cancel > 1:
+        report.add(
+            "cancel",
+            False,
+            f"cancelled at step {at}, predict reported {run.progress_after_cancel} more "
+            "steps before stopping",
+        )
+    else:
+        report.add(
+            "cancel", True, f"stopped after step {run.progress[-1][0]} of {run.progress[-1][1]}"
+        )
+
+
+def _without_urls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_urls(v) for k, v in value.items() if k != "url"}
+    if isinstance(value, list):
+        return [_without_urls(v) for v in value]
+    return value
+
+
+def _comparable(result: RunResult) -> str:
+    """The output without its file URLs (each batch item is its own job)."""
+    return json.dumps(_without_urls(result.output), sort_keys=True)
+
+
+def _check_batch(
+    report: ConformanceReport, harness: ModelHarness, sample: dict[str, Any], first: RunResult
+) -> None:
+    declaration = harness.declaration
+    results = harness.run_batch([sample, sample, sample])
+    problems = []
+    if len(results) != 3:
+        problems.append(f"a batch of 3 answered {len(results)} results")
+    for i, result in enumerate(results):
+        if not result.ok:
+            problems.append(f"item {i} failed: {type(result.error).__name__}: {result.error}")
+        else:
+            problems += [f"item {i}: {p}" for p in _result_problems(declaration, result)]
+    mixed = harness.run_batch([sample, {**sample, "no_such_input_xxx": 1}, sample])
+    if mixed[1].ok or not (mixed[0].ok and mixed[2].ok):
+        problems.append(
+            "an invalid item did not fail alone: "
+            + ", ".join("ok" if r.ok else type(r.error).__name__ for r in mixed)
+        )
+    again = harness.attempt(**sample)
+    deterministic = again.ok and _comparable(again) == _comparable(first)
+    if deterministic and all(r.ok for r in results):
+        differs = [i for i, r in enumerate(results) if _comparable(r) != _comparable(first)]
+        if differs:
+            problems.append(f"items {differs} differ from the same input run alone")
+    detail = "; ".join(problems) or (
+        "3 items, 3 results; an invalid item fails alone"
+        + (
+            "; items equal single runs"
+            if deterministic
+            else "; output varies between runs (not compared)"
+        )
+    )
+    report.add("batch", not problems, detail)
+
+
+__all__ = [
+    "Check",
+    "ConformanceError",
+    "ConformanceReport",
+    "check",
+    "output_problems",
+    "sample_inputs",
+    "tiny_png",
+]

@@ -1,0 +1,112 @@
+"""Testing served models under trial: every call returns a Deferred.
+
+::
+
+    from mortred_twisted.testing.trial import ModelTestCase
+
+    class SharpenTests(ModelTestCase):
+        model = "models/sharpen.py:Sharpen"
+        options = {"radius": 2}
+
+        async def test_sharpens(self) -> None:
+            result = await self.run_model(image=CAT, amount=2.0)
+            self.assertIn("output.png", result.files)
+
+        def test_refuses_a_big_amount(self):
+            return self.assertFailure(self.validate(image=CAT, amount=9), InvalidRequest)
+
+``run_model`` runs ``predict`` on a thread of the reactor's pool (as the server
+runs it: off the reactor thread); the in-memory server (:meth:`serve`) runs on its
+own clock, so its calls have finished when their Deferreds are returned.
+Harnesses and servers are closed when the test ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from twisted.internet import defer, threads
+from twisted.trial import unittest
+
+from mortred_twisted.testing.harness import ModelHarness, RunResult, Target
+from mortred_twisted.testing.server import Answer, MemoryServer
+
+
+class DeferredServer:
+    """A :class:`MemoryServer` whose job-API calls return Deferreds (``server``: the
+    server itself, for its clock and runtime)."""
+
+    _CALLS = ("submit", "status", "wait", "result", "cancel", "file", "run", "files_of", "request")
+
+    def __init__(self, server: MemoryServer) -> None:
+        self.server = server
+
+    def request_d(self, method: str, path: str, **kw: Any) -> defer.Deferred[Answer]:
+        return self.server.request_d(method, path, **kw)
+
+    def __getattr__(self, name: str) -> Callable[..., defer.Deferred[Any]]:
+        if name not in self._CALLS:
+            raise AttributeError(name)
+        call = getattr(self.server, name)
+        return lambda *a, **kw: defer.maybeDeferred(call, *a, **kw)
+
+
+class ModelTestMixin:
+    """The calls of :class:`ModelTestCase` for any trial ``TestCase``: set ``model``
+    (a class, ``module:Class`` or ``file.py:Class``) and ``options``."""
+
+    model: Target | None = None
+    options: Mapping[str, Any] | None = None
+    addCleanup: Callable[..., None]
+
+    def harness(self, target: Target | None = None, **kw: Any) -> ModelHarness:
+        """The test's harness of ``target`` (default: ``model``), made once."""
+        cache = self.__dict__.setdefault("_mortred_harnesses", {})
+        key = (target or self.model, tuple(sorted(kw.items())))
+        if key not in cache:
+            chosen = target or self.model
+            if chosen is None:
+                raise ValueError("set the test case's model (or pass a target)")
+            options = kw.pop("options", self.options)
+            cache[key] = ModelHarness(chosen, options, **kw)
+            self.addCleanup(cache[key].close)
+        return cache[key]
+
+    def run_model(
+        self, cancel_at_step: int | None = None, **inputs: Any
+    ) -> defer.Deferred[RunResult]:
+        """:meth:`ModelHarness.run` on a thread: fires with the :class:`RunResult`, or
+        fails with what ended the run (``InvalidRequest``, ``RunCancelled``, …)."""
+        harness = self.harness()
+        return threads.deferToThread(harness.run, cancel_at_step=cancel_at_step, **inputs)
+
+    def run_batch(self, items: list[Mapping[str, Any]]) -> defer.Deferred[list[RunResult]]:
+        return threads.deferToThread(self.harness().run_batch, items)
+
+    def validate(
+        self, params: Mapping[str, Any] | None = None, **inputs: Any
+    ) -> defer.Deferred[dict[str, Any]]:
+        """:meth:`ModelHarness.validate` (no setup): fails with ``InvalidRequest``."""
+        return defer.maybeDeferred(self.harness().validate, params, **inputs)
+
+    def serve(self, target: Target | None = None, **kw: Any) -> DeferredServer:
+        """An in-memory server of ``target`` (default: ``model``), closed at the end."""
+        chosen = target or self.model
+        if chosen is None:
+            raise ValueError("set the test case's model (or pass a target)")
+        kw.setdefault("options", self.options)
+        server = MemoryServer(chosen, kw.pop("options"), **kw)
+        self.addCleanup(server.close)
+        return DeferredServer(server)
+
+    def check_conformance(self, target: Target | None = None, **kw: Any) -> defer.Deferred[Any]:
+        """:func:`~mortred_twisted.testing.conformance.check` on a thread."""
+        from mortred_twisted.testing.conformance import check
+
+        kw.setdefault("options", self.options)
+        return threads.deferToThread(check, target or self.model, **kw)
+
+
+class ModelTestCase(ModelTestMixin, unittest.TestCase):
+    """A trial TestCase with :class:`ModelTestMixin`'s calls."""
