@@ -5,6 +5,7 @@ the whole life of a job (submit, a waiter parked on ``/wait``, the run on the ha
 pool and clock, the waiter woken, ``GET /jobs/{id}/result``).
 
     .venv/bin/python bench/port_cpu.py            # this checkout
+    .venv/bin/python bench/port_cpu.py --sdk      # the same job path, an SDK model
     (cd /tmp/base && /work/main/.venv/bin/python bench/port_cpu.py)   # a worktree
 
 Run it in a ``git worktree`` of another commit with the same interpreter for an A/B
@@ -32,6 +33,7 @@ from mortred_twisted.http.envelope import new_request_id
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.models.fake import create as create_fake
+from mortred_twisted.models.registry import create_model
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
 
@@ -46,6 +48,9 @@ doc = {
     },
     "model": {"type": "fake", "fake_delay_ms": 0, "fake_steps": 1},
 }
+SDK = "--sdk" in sys.argv  # bench/sdk_echo.py: the fake's job, declared with the SDK
+if SDK:
+    doc["model"] = {"type": "bench.sdk_echo:SdkEcho"}
 config = build_server_config(doc, env={})
 clock, threads = Clock(), HandThreads()
 rt = ModelRuntime(
@@ -53,7 +58,9 @@ rt = ModelRuntime(
     clock=clock,
     threads=threads,
     metrics=ServerMetrics(),
-    build_model=lambda _t, o, r: create_fake(o, r),
+    build_model=(lambda t, o, r: create_model(t, o, r))
+    if SDK
+    else (lambda _t, o, r: create_fake(o, r)),
 )
 rt.load_models()
 threads.step()
@@ -90,7 +97,10 @@ def settle():
 
 
 proto, t = serve(factory)
-body = json.dumps({"images": [base64.b64encode(b"x").decode()]}).encode()
+if SDK:
+    body = json.dumps({"params": {"data": base64.b64encode(b"x").decode()}}).encode()
+else:
+    body = json.dumps({"images": [base64.b64encode(b"x").decode()]}).encode()
 submit = (
     b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:18100\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\n\r\n" % len(body)
