@@ -103,6 +103,17 @@ _JOB_ROUTES = frozenset(
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
 #: the only routes that take a body (any other answers one 413 from the head).
 _JSON_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY})
+#: Routes that may also take a ``multipart/form-data`` submit (the model port decides:
+#: an SDK model takes it, a built-in family answers 415).
+_FORM_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT})
+
+
+def _is_form(content_type: bytes | None) -> bool:
+    return content_type is not None and (
+        content_type.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
+    )
+
+
 #: 2xx answers whose JSON body repeats job URLs.
 _REWRITTEN = {
     RouteKind.POLL: (200,),
@@ -237,7 +248,10 @@ class GatewayApp:
         if route.kind not in _JSON_BODY:
             label = route.kind.value
             return self._error(request, 413, f"{label} takes no request body", label)
-        if not is_json_content_type(request.getHeader(b"content-type")):
+        content_type = request.getHeader(b"content-type")
+        if not is_json_content_type(content_type) and not (
+            route.kind in _FORM_BODY and _is_form(content_type)
+        ):
             return self._error(
                 request, 415, "content type must be application/json", route.kind.value
             )
