@@ -39,6 +39,8 @@ try:
 except ImportError:  # pragma: no cover - an install without the client
     sys.exit("mortredctl needs the Python client: pip install ./client (make install does both)")
 
+from mortred_twisted.cli import model_commands
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: A CLI answers quickly when a server is down: three tries within 10 s.
 CLI_RETRY = RetryPolicy(max_attempts=3, deadline=10.0)
@@ -205,12 +207,15 @@ def cmd_infer(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_jobs_submit(args: argparse.Namespace, out: TextIO) -> int:
-    images, params = _images_params(args)
-    job = _model_client(args, args.id).submit(
-        images, params, req_id=args.req_id, webhook=args.webhook,
-        webhook_events=args.webhook_events.split(",") if args.webhook_events else None,
-        idempotency_key=args.idempotency_key,
-    )  # fmt: skip
+    if args.inputs:  # inputs by name (a model declared with the SDK)
+        job = model_commands.submit_with_inputs(_model_client(args, args.id), args)
+    else:
+        images, params = _images_params(args)
+        job = _model_client(args, args.id).submit(
+            images, params, req_id=args.req_id, webhook=args.webhook,
+            webhook_events=args.webhook_events.split(",") if args.webhook_events else None,
+            idempotency_key=args.idempotency_key,
+        )  # fmt: skip
     _print_json(job.last.raw, out)
     if not args.wait:
         return EXIT_OK
@@ -415,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--idempotency-key", help="safe retries: the same key replays the job")
     js.add_argument("--webhook", help="URL the server POSTs signed job events to")
     js.add_argument("--webhook-events", help="comma list of start,progress,completed")
+    js.add_argument("-i", "--input", dest="inputs", action="append", default=[],
+                    metavar="NAME=VALUE", help="an input by name (NAME=@FILE: a file)")  # fmt: skip
 
     def wait_args(a: argparse.ArgumentParser) -> None:
         a.add_argument("--step-ms", type=int, default=1000, help="long-poll budget per call")
@@ -455,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     qu = sub.add_parser("queue", help="a model's queue: depth, running, oldest wait, callers")
     qu.add_argument("model")
     qu.set_defaults(fn=cmd_queue)
+    model_commands.register(sub, _Parser)
 
     keys = sub.add_parser("keys", help="gateway API keys").add_subparsers(
         dest="keys_command", required=True, parser_class=_Parser
