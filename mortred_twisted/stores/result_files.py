@@ -1,0 +1,307 @@
+"""Result files: where the ``Image``/``File`` outputs of SDK jobs are kept (blocking IO).
+
+A job whose output holds files stores them here from the worker thread, inside its
+run, so a job is never ``done`` without its files (``sdk/outputs.py`` writes their
+descriptions into the result and calls :meth:`JobFiles.put`). Layout of a
+:class:`DirectoryResultFiles` root::
+
+    <root>/<job id>/<name>              the bytes
+    <root>/<job id>/.<name>.meta        {"content_type", "size", "sha256"} (JSON)
+
+Both are written atomically (a temporary file in the same directory, ``fsync``,
+``rename``; the directory is fsynced after), the bytes before their sidecar: a file
+without a sidecar is not served (a write cut by a crash is invisible), and a reader
+never sees half a file. Concurrent puts of one name end with one of them, whole.
+
+Who uses which root: the memory job store a private temporary directory per process
+(removed at shutdown: its jobs die with the process); the Redis store a directory
+every replica of the model id reaches (``result_files_dir``, default
+``<root>/var/results/<model id>``), never bytes inside Redis.
+
+**Names** are checked again here (the encoder already makes safe ones): a job id or
+file name with ``/``, ``\\``, NUL, a control character, a leading dot (``..``, the
+sidecars and temporaries), or longer than :data:`MAX_NAME` raises
+:class:`BadFileName` — at the edge that is a 404, never a path outside the root.
+
+**Retention ends with the job**: :class:`ResultFileSweeper` (the runtime's periodic
+upkeep) removes the directories of jobs the job store no longer knows (TTL, LRU) and
+of jobs that ended without a result (failed, cancelled, timed out: files written
+before the end), a bounded number of directories per pass.
+
+Thread contract: every method of :class:`DirectoryResultFiles` and :class:`JobFiles`
+is thread-safe and blocking (call it from a worker thread or ``threads.run``);
+:class:`ResultFileSweeper.sweep` runs on the reactor thread and does its IO through
+the injected thread runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from twisted.logger import Logger
+
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.store import Maybe, settle
+
+log = Logger()
+
+MAX_NAME = 200
+_SAFE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+_META = ".meta"
+#: directories looked at per sweep pass
+SWEEP_BATCH = 256
+
+
+class BadFileName(ValueError):
+    """A job id or file name that could leave its directory (or is not ours)."""
+
+
+def check_name(name: str, what: str = "file name") -> str:
+    """``name`` if it is a safe single path segment, else :class:`BadFileName`."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > MAX_NAME
+        or not _SAFE.match(name)
+        or name in (".", "..")
+    ):
+        raise BadFileName(f"invalid {what}: {name!r}")
+    return name
+
+
+class StoredFile(NamedTuple):
+    """One stored result file, as its sidecar describes it."""
+
+    path: str
+    name: str
+    content_type: str
+    size: int
+    sha256: str
+
+
+def _write_atomically(directory: str, name: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirectoryResultFiles:
+    """Result files in a directory (see the module docstring). ``owned``: the root
+    is this process's own (a temporary directory) and :meth:`close` removes it."""
+
+    def __init__(self, root: str | Path, *, owned: bool = False) -> None:
+        self.root = str(root)
+        self.owned = owned
+        os.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def private(cls) -> DirectoryResultFiles:
+        """A fresh temporary root of this process (the memory store's default)."""
+        return cls(tempfile.mkdtemp(prefix="mortred-results-"), owned=True)
+
+    def _job_dir(self, job_id: str) -> str:
+        return os.path.join(self.root, check_name(job_id, "job id"))
+
+    def sink(self, job_id: str) -> JobFiles:
+        """The sink of one run of ``job_id`` (``sdk.outputs.FileSink``)."""
+        check_name(job_id, "job id")
+        return JobFiles(self, job_id)
+
+    def put(self, job_id: str, name: str, data: bytes, content_type: str) -> StoredFile:
+        """Store ``data`` as ``name`` of ``job_id`` (atomically; see the module)."""
+        check_name(name)
+        directory = self._job_dir(job_id)
+        os.makedirs(directory, exist_ok=True)
+        digest = hashlib.sha256(data).hexdigest()
+        meta = {"content_type": str(content_type), "size": len(data), "sha256": digest}
+        _write_atomically(directory, name, data)
+        _write_atomically(directory, f".{name}{_META}", json.dumps(meta).encode("utf-8"))
+        _fsync_dir(directory)
+        return StoredFile(os.path.join(directory, name), name, meta["content_type"],
+                          len(data), digest)  # fmt: skip
+
+    def lookup(self, job_id: str, name: str) -> StoredFile | None:
+        """The stored file ``name`` of ``job_id``, or None (unknown, or its write
+        never completed). Raises :class:`BadFileName` for an unsafe name."""
+        directory = self._job_dir(job_id)
+        check_name(name)
+        try:
+            with open(os.path.join(directory, f".{name}{_META}"), "rb") as f:
+                meta = json.loads(f.read())
+            size = os.stat(os.path.join(directory, name)).st_size
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+        if size != meta.get("size"):
+            return None  # replaced under us by another attempt: ask again later
+        return StoredFile(os.path.join(directory, name), name, str(meta["content_type"]),
+                          size, str(meta["sha256"]))  # fmt: skip
+
+    def clear(self, job_id: str, keep: Iterable[str] = ()) -> None:
+        """Remove what an earlier attempt of ``job_id`` left (all but ``keep``)."""
+        directory = self._job_dir(job_id)
+        kept = set(keep) | {f".{k}{_META}" for k in keep}
+        try:
+            entries = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry not in kept:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, entry))
+
+    def remove(self, job_id: str) -> None:
+        """Remove every file of ``job_id`` (nothing if it has none)."""
+        shutil.rmtree(self._job_dir(job_id), ignore_errors=True)
+
+    def job_ids(self, after: str = "", limit: int = SWEEP_BATCH) -> list[str]:
+        """Up to ``limit`` job ids with files, in name order, after ``after``."""
+        try:
+            names = sorted(e for e in os.listdir(self.root) if e > after and _SAFE.match(e))
+        except FileNotFoundError:
+            return []
+        return names[:limit]
+
+    def close(self) -> None:
+        """Remove the root if it is this process's own."""
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class JobFiles:
+    """The files of one run of a job: ``sdk.outputs.FileSink`` (``url_prefix``,
+    ``put`` on the worker thread). Its first put removes what an earlier attempt of
+    the job left (a replica lost mid-run), so the job shows only this run's files."""
+
+    __slots__ = ("_files", "_lock", "_names", "job_id", "url_prefix")
+
+    def __init__(self, files: DirectoryResultFiles, job_id: str) -> None:
+        self._files = files
+        self.job_id = job_id
+        self.url_prefix = f"/jobs/{job_id}/files/"
+        self._names: list[str] = []
+        self._lock = threading.Lock()
+
+    def put(self, name: str, data: bytes, content_type: str) -> None:
+        with self._lock:
+            if not self._names:
+                self._files.clear(self.job_id)
+            self._names.append(name)
+        self._files.put(self.job_id, name, data, content_type)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+#: ``states(job_ids)``: each id's state in the job store (None: unknown), without
+#: refreshing anything's LRU position; a value or a Deferred of it.
+StateReader = Callable[[list[str]], Maybe[Mapping[str, JobState | None]]]
+ThreadRun = Callable[..., Any]
+
+
+class ResultFileSweeper:
+    """Ends result files with their jobs (see the module docstring): each
+    :meth:`sweep` looks at up to ``batch`` job directories (resuming where the last
+    pass stopped, wrapping around) and removes those of unknown jobs and of jobs
+    that ended without a result. Reactor thread; IO through ``run_in_thread``."""
+
+    def __init__(
+        self,
+        files: DirectoryResultFiles,
+        states: StateReader,
+        run_in_thread: ThreadRun,
+        *,
+        batch: int = SWEEP_BATCH,
+    ) -> None:
+        self.files = files
+        self._states = states
+        self._run = run_in_thread
+        self._batch = batch
+        self._after = ""
+        self._busy = False
+
+    async def sweep(self) -> int:
+        """One bounded pass; the number of job directories removed (0 while another
+        pass is still under way)."""
+        if self._busy:
+            return 0
+        self._busy = True
+        try:
+            ids: list[str] = await self._run(self.files.job_ids, self._after, self._batch)
+            self._after = ids[-1] if len(ids) == self._batch else ""
+            if not ids:
+                return 0
+            states = await settle(self._states(ids))
+            gone = [j for j in ids if states.get(j) not in _KEEP]
+            if gone:
+                await self._run(self._remove_all, gone)
+            return len(gone)
+        finally:
+            self._busy = False
+
+    def _remove_all(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self.files.remove(job_id)
+
+
+#: states whose files stay: a job still running (or about to) and a finished one
+_KEEP = frozenset({JobState.PENDING, JobState.RUNNING, JobState.DONE})
+
+
+def ledger_states(ledger: Any) -> StateReader:
+    """The memory store's :data:`StateReader` (``AsyncJobTable.state``: no lock, no
+    LRU refresh)."""
+    return lambda ids: {j: ledger.state(j) for j in ids}
+
+
+def redis_states(store: Any) -> StateReader:
+    """The Redis store's :data:`StateReader`: one pipelined ``HGET <job> state`` per
+    id (no script: a snapshot would refresh the job's LRU position)."""
+    from twisted.internet.defer import gatherResults
+
+    from mortred_twisted.stores.redis_scripts import job_key
+
+    def states(ids: list[str]) -> Any:
+        prefix = store._prefix
+        calls = [store.link.call("HGET", job_key(prefix, j), "state") for j in ids]
+
+        def decode(replies: list[Any]) -> dict[str, JobState | None]:
+            out: dict[str, JobState | None] = {}
+            for job_id, raw in zip(ids, replies, strict=True):
+                text = raw.decode() if isinstance(raw, bytes) else raw
+                try:
+                    out[job_id] = JobState(text) if text else None
+                except ValueError:
+                    out[job_id] = None
+            return out
+
+        return gatherResults(calls, consumeErrors=True).addCallback(decode)
+
+    return states

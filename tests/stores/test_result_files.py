@@ -1,0 +1,210 @@
+# ruff: noqa: F811 - pytest fixtures imported from the contract suite
+"""Result files (issue 26 item 3): atomic writes with a sidecar, names that try to
+escape the root, concurrent puts, and retention ending with the job on both stores
+(the sweep of ``ModelRuntime.maintain``; Redis against a real ``redis-server``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor, threads
+
+from mortred_twisted.jobs.states import JobState
+from mortred_twisted.jobs.store import settle
+from mortred_twisted.stores.result_files import (
+    BadFileName,
+    DirectoryResultFiles,
+    ResultFileSweeper,
+    check_name,
+    ledger_states,
+    redis_states,
+)
+from tests.stores.test_store_contract import (  # noqa: F401
+    REQ,
+    Factory,
+    make_store,
+    redis,
+    store_url,
+    take,
+)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> DirectoryResultFiles:
+    return DirectoryResultFiles(tmp_path / "results")
+
+
+def test_put_then_lookup_describes_the_bytes(files: DirectoryResultFiles) -> None:
+    """A stored file is found with its content type, size and sha256; nothing else
+    (temporaries, an unknown name) is left or found."""
+    files.put("job_1", "output.png", b"\x89PNG....", "image/png")
+    found = files.lookup("job_1", "output.png")
+    assert found is not None
+    assert (found.content_type, found.size) == ("image/png", 8)
+    assert found.sha256 == hashlib.sha256(b"\x89PNG....").hexdigest()
+    assert Path(found.path).read_bytes() == b"\x89PNG...."
+    assert sorted(os.listdir(Path(files.root) / "job_1")) == [".output.png.meta", "output.png"]
+    assert files.lookup("job_1", "other.png") is None
+    assert files.lookup("job_2", "output.png") is None
+
+
+def test_a_file_without_its_sidecar_is_not_served(files: DirectoryResultFiles) -> None:
+    """Bytes written but no sidecar (a write cut before its end) are invisible."""
+    os.makedirs(Path(files.root) / "job_1")
+    (Path(files.root) / "job_1" / "output.png").write_bytes(b"half")
+    assert files.lookup("job_1", "output.png") is None
+
+
+def test_a_failed_write_leaves_no_temporary(files: DirectoryResultFiles) -> None:
+    """A write that fails (data not bytes) leaves neither the file nor a temporary."""
+    with pytest.raises(TypeError):
+        files.put("job_1", "a.bin", "not bytes", "application/octet-stream")  # type: ignore[arg-type]
+    assert os.listdir(Path(files.root) / "job_1") == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "..", ".", "a/b", "a\\b", "a\x00b", ".meta", ".output.png.meta", "", "x" * 201,
+     "%2e%2e", "a\nb", "/etc/passwd"],
+)  # fmt: skip
+def test_names_that_try_to_escape_are_refused(files: DirectoryResultFiles, name: str) -> None:
+    """A file name or job id that is not one safe path segment raises BadFileName, in
+    put and lookup alike; nothing is written outside the root."""
+    with pytest.raises(BadFileName):
+        files.put("job_1", name, b"x", "text/plain")
+    with pytest.raises(BadFileName):
+        files.lookup("job_1", name)
+    with pytest.raises(BadFileName):
+        files.put(name, "a.txt", b"x", "text/plain")
+    with pytest.raises(BadFileName):
+        files.lookup(name, "a.txt")
+    assert os.listdir(files.root) == []
+
+
+def test_check_name_accepts_the_encoders_names() -> None:
+    """The names sdk/outputs.py makes pass."""
+    for name in ("output.png", "output-0.png", "mask_1.json", "a.b-c_d.bin"):
+        assert check_name(name) == name
+
+
+def test_concurrent_puts_of_one_name_end_with_one_whole_file(
+    files: DirectoryResultFiles,
+) -> None:
+    """Eight threads write the same name with different bytes: the reader sees one of
+    them whole, its sidecar agreeing (never a mix, never a leftover temporary)."""
+    bodies = [bytes([i]) * (64 * 1024 + i) for i in range(8)]
+    barrier = threading.Barrier(len(bodies))
+
+    def put(body: bytes) -> None:
+        barrier.wait()
+        for _ in range(5):
+            files.put("job_1", "out.bin", body, "application/octet-stream")
+
+    workers = [threading.Thread(target=put, args=(b,)) for b in bodies]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    found = files.lookup("job_1", "out.bin")
+    assert found is not None
+    data = Path(found.path).read_bytes()
+    assert data in bodies
+    assert found.size == len(data) and found.sha256 == hashlib.sha256(data).hexdigest()
+    assert sorted(os.listdir(Path(files.root) / "job_1")) == [".out.bin.meta", "out.bin"]
+
+
+def test_concurrent_puts_of_many_jobs(files: DirectoryResultFiles) -> None:
+    """Puts of different jobs from many threads all land."""
+
+    def put(i: int) -> None:
+        for k in range(10):
+            files.put(f"job_{i}", f"f{k}.txt", f"{i}-{k}".encode(), "text/plain")
+
+    workers = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    for i in range(8):
+        for k in range(10):
+            found = files.lookup(f"job_{i}", f"f{k}.txt")
+            assert found is not None and Path(found.path).read_bytes() == f"{i}-{k}".encode()
+
+
+def test_a_runs_first_put_removes_an_earlier_attempts_files(
+    files: DirectoryResultFiles,
+) -> None:
+    """A job run again (a lost replica) shows only the new run's files."""
+    first = files.sink("job_1")
+    first.put("output-0.png", b"a", "image/png")
+    first.put("output-1.png", b"b", "image/png")
+    again = files.sink("job_1")
+    again.put("output-0.png", b"c", "image/png")
+    assert files.lookup("job_1", "output-1.png") is None
+    assert again.url_prefix == "/jobs/job_1/files/"
+
+
+def test_a_private_root_is_removed_at_close() -> None:
+    """The memory store's temporary root goes with the process."""
+    files = DirectoryResultFiles.private()
+    files.put("job_1", "a.txt", b"x", "text/plain")
+    files.close()
+    assert not os.path.exists(files.root)
+
+
+def _states_of(store: Any) -> Any:
+    ledger = getattr(store, "ledger", None)
+    return ledger_states(ledger) if ledger is not None else redis_states(store)
+
+
+def _in_thread(fn: Any, *args: Any) -> Any:
+    return threads.deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args)
+
+
+async def _job(store: Any, state: JobState | None) -> str:
+    job = (await settle(store.admit(REQ, "t"))).job_id
+    assert job is not None
+    if state is None:
+        return job
+    await take(store, job)
+    if state is not JobState.RUNNING:
+        assert await settle(store.terminate(job, state, result=b"{}", error="x"))
+    return job
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sweep_ends_files_with_their_jobs(make_store: Factory, tmp_path: Path) -> None:
+    """Files of pending, running and done jobs stay; those of failed and cancelled
+    jobs and of jobs the store no longer knows (evicted) go; on both stores."""
+    store = await make_store(max_queue=20)
+    files = DirectoryResultFiles(tmp_path / "r")
+    sweeper = ResultFileSweeper(files, _states_of(store), _in_thread, batch=3)
+    kept = [await _job(store, s) for s in (JobState.RUNNING, JobState.DONE)]
+    gone = [await _job(store, s) for s in (JobState.FAILED, JobState.CANCELLED)]
+    kept.append(await _job(store, None))  # pending: admitted last (Redis claims in order)
+    gone.append("job_" + "0" * 32)  # the store never knew it (or forgot it)
+    for job in kept + gone:
+        files.put(job, "output.png", b"x", "image/png")
+    removed = 0
+    for _ in range(4):  # batches of 3: two passes cover six directories, then wrap
+        removed += await sweeper.sweep()
+    assert removed == len(gone)
+    assert sorted(files.job_ids()) == sorted(kept)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sweep_pass_is_bounded(make_store: Factory, tmp_path: Path) -> None:
+    """One pass looks at no more than its batch of directories."""
+    store = await make_store()
+    files = DirectoryResultFiles(tmp_path / "r")
+    for i in range(7):
+        files.put(f"job_{i:032x}", "a.txt", b"x", "text/plain")
+    sweeper = ResultFileSweeper(files, _states_of(store), _in_thread, batch=3)
+    assert await sweeper.sweep() == 3
+    assert len(files.job_ids()) == 4
