@@ -15,7 +15,9 @@ requests held at once, each for at most ``cold_start_timeout_s``. Beyond either,
 or when the supervisor refuses (operator stop, shutdown) or cannot be reached, the
 request is answered 503 with ``Retry-After``: the replica start-up time the
 supervisor measured (its last answer's ``startup_s``; before any was measured, the
-timeout). A request is held once: its retry, and the retries that follow a refused
+timeout). A replica's own "not ready" 503 (it is starting, or draining after
+the scaler stopped it) counts as a refused connection (:meth:`ColdStart.
+refuse_not_ready`). A request is held once: its retry, and the retries that follow a refused
 connection from it, are marked (:data:`HELD`) and end like any other.
 """
 
@@ -33,8 +35,13 @@ from twisted.logger import Logger
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.routing import Route
+from mortred_twisted.http11.upstream import UpstreamUnavailable
 
 log = Logger()
+
+#: What a model server's 503 says when it is not ready (starting, or draining at a
+#: stop: its error code 65 in both the envelope and the job-route body).
+NOT_READY = b'"code":65'
 
 #: Carried in a retried route's ``tried`` set (never a URL, so ``pick`` ignores it):
 #: that request was held once already.
@@ -69,6 +76,20 @@ class ColdStart:
     def covers(self, route: Route) -> bool:
         """True for a route of an autoscaled id not held before."""
         return route.entry.id in self.settings and HELD not in route.tried
+
+    def refuse_not_ready(self, response: Any, route: Route) -> Any:
+        """A callback on an upstream answer: a "not ready" 503 of an autoscaled id's
+        replica (one starting, or draining after the scaler stopped it) raises
+        :class:`UpstreamUnavailable`, like a refused connection, so the request goes
+        to another replica or is held (the model admitted nothing: safe for a
+        submit too). Any other answer passes."""
+        if (
+            response.code == 503
+            and route.entry.id in self.settings
+            and NOT_READY in response.body[:200]
+        ):
+            raise UpstreamUnavailable(f"replica not ready ({route.base or route.entry.base_url})")
+        return response
 
     def retry_after_s(self, model_id: str) -> int:
         settings = self.settings[model_id]

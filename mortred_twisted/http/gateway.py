@@ -358,6 +358,8 @@ class GatewayApp:
             answer: Any = self._stream_head
         else:
             d = self.upstream.request(method, route.url, headers, data)
+            if self.cold_start is not None:  # a draining replica's 503: as refused
+                d.addCallback(self.cold_start.refuse_not_ready, route)
             answer = self._answer
         d.addCallbacks(
             answer,

@@ -143,6 +143,7 @@ class ManagedServer:
             "category": self.category,
             "state": self.state,
             "ready": self.ready,
+            "stopping": self._stopping,
             "pid": self.pid,
             "restart_count": self.restart_count,
             "last_exit": self.last_exit.to_json() if self.last_exit else None,

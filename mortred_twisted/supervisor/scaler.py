@@ -132,7 +132,7 @@ class Scaler:
             "min_replicas": self.settings.min_replicas,
             "max_replicas": self.settings.max_replicas,
             "current": self.current,
-            "ready": sum(1 for r in self.group.replicas if r.ready),
+            "ready": sum(1 for r in self.group.replicas if r.ready and not r.stopping),
             "desired": last.desired if last else None,
             "reason": last.reason if last else None,
             "backlog": self.backlog,
@@ -163,7 +163,7 @@ class Scaler:
 
     async def _tick(self) -> Decision | None:
         reading = await self.meter.backlog()
-        ready = [i for i, r in enumerate(self.group.replicas) if r.ready]
+        ready = [i for i, r in enumerate(self.group.replicas) if r.ready and not r.stopping]
         busy = await defer.gatherResults(
             [self.meter.busy_workers(self._url_of(i)) for i in ready], consumeErrors=True
         )
@@ -250,7 +250,7 @@ class Scaler:
 
     def _ready_url(self) -> str | None:
         for i, replica in enumerate(self.group.replicas):
-            if replica.ready:
+            if replica.ready and not replica.stopping:  # a draining one is going away
                 return self._url_of(i)
         return None
 

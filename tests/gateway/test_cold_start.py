@@ -107,3 +107,29 @@ def test_only_autoscaled_ids_are_covered() -> None:
     rig = Rig()
     assert not rig.cold.covers(Route(RouteKind.INFER, rig.catalog["F"], "/F"))
     assert rig.cold.covers(Route(RouteKind.INFER, rig.catalog["M"], "/M"))
+
+
+class Answer:
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code = code
+        self.body = body
+
+
+def test_a_not_ready_503_of_an_autoscaled_replica_counts_as_refused() -> None:
+    """A draining or starting replica's "not ready" 503 (code 65) raises
+    UpstreamUnavailable for an autoscaled id; other answers and ids pass."""
+    import pytest
+
+    from mortred_twisted.http11.upstream import UpstreamUnavailable
+
+    rig = Rig()
+    scaled = Route(RouteKind.INFER, rig.catalog["M"], "/M")
+    fixed = Route(RouteKind.INFER, rig.catalog["F"], "/F")
+    stopping = Answer(503, b'{"req_id":"r","code":65,"msg":"model not ready (stopping)"}')
+    with pytest.raises(UpstreamUnavailable):
+        rig.cold.refuse_not_ready(stopping, scaled)
+    assert rig.cold.refuse_not_ready(stopping, fixed) is stopping
+    busy = Answer(503, b'{"error":"budget","code":66}')
+    assert rig.cold.refuse_not_ready(busy, scaled) is busy
+    ok = Answer(200, b"{}")
+    assert rig.cold.refuse_not_ready(ok, scaled) is ok
