@@ -6,7 +6,22 @@ tree and are installed as ``twisted.plugins`` (Twisted discovers plugins only in
 (non-editable) install, which is what the Makefile does.
 """
 
+import ast
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+
+def _builtin_models() -> dict[str, str]:
+    """MODEL_FACTORIES of models/registry.py, read without importing the package."""
+    tree = ast.parse(
+        Path(__file__).with_name("mortred_twisted").joinpath("models", "registry.py").read_text()
+    )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "MODEL_FACTORIES":
+            return ast.literal_eval(node.value)
+    raise RuntimeError("MODEL_FACTORIES not found in mortred_twisted/models/registry.py")
+
 
 setup(
     name="mortred-twisted",
@@ -62,6 +77,12 @@ setup(
     entry_points={
         "console_scripts": [
             "mortredctl=mortred_twisted.cli.mortredctl:main",
+        ],
+        # The built-in model families, registered the way any package registers its
+        # models for `[model] type = "<name>"` (mortred_twisted/sdk/loading.py); the
+        # list is models/registry.py's MODEL_FACTORIES (a test keeps them equal).
+        "mortred_twisted.models": [
+            f"{name}={target}" for name, target in _builtin_models().items()
         ],
     },
 )

@@ -52,12 +52,25 @@ def is_import_target(model_type: str) -> bool:
     return bool(sep and module and attr) and not module.endswith(".py")
 
 
+#: The distribution whose entry points are the built-in families themselves.
+OWN_DISTRIBUTION = "mortred-twisted"
+
+
 def entry_point_names() -> dict[str, str]:
-    """Registered model names → ``module:attr`` (read from metadata; nothing imported)."""
+    """Model names other packages register → ``module:attr`` (read from metadata;
+    nothing imported). This package's own entry points (the built-in families) are
+    left out: they are the registry's names."""
     found: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        if dist is not None and _normalise(dist.metadata["Name"] or "") == OWN_DISTRIBUTION:
+            continue
         found.setdefault(ep.name, ep.value)
     return found
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _import_file(path: Path, model_type: str) -> Any:
