@@ -351,11 +351,13 @@ class MemoryServer:
         return answer
 
     def close(self) -> None:
-        """Stop the server: drain, then close the model."""
+        """Stop the server: drain, close the model, remove its result files."""
         if self.closed:
             return
         self.closed = True
         self.runtime.shutdown(0)
+        self.settle()
+        self.runtime.close_store()
         self.settle()
         for call in self.clock.getDelayedCalls():
             call.cancel()
