@@ -56,8 +56,8 @@ test-fast: install
 	$(PY) -m pytest -q -m 'not slow'
 
 lint: install
-	$(VENV)/bin/ruff check mortred_twisted tests bench twisted_plugins client/mortred_client
-	$(VENV)/bin/ruff format --check mortred_twisted tests bench twisted_plugins client/mortred_client
+	$(VENV)/bin/ruff check mortred_twisted tests bench twisted_plugins client/mortred_client examples
+	$(VENV)/bin/ruff format --check mortred_twisted tests bench twisted_plugins client/mortred_client examples
 
 # Benchmarks behind docs/benchmarks.md (take them on a quiet machine).
 bench: install

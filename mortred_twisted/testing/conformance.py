@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mortred_twisted.models.base import InvalidRequest, ModelLoadError
-from mortred_twisted.sdk.declaration import Declaration, InputDecl, OutputDecl
+from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.testing.harness import ModelHarness, RunResult, Target, target_name
+from mortred_twisted.testing.output_checks import monotone, output_problems, result_problems
+from mortred_twisted.testing.samples import sample_inputs, tiny_png
 
 
 @dataclass(frozen=True)
@@ -95,133 +95,6 @@ class ConformanceError(AssertionError):
         listed = "\n".join(f"  - {p}" for p in report.problems)
         super().__init__(f"{report.target} breaks the model contract:\n{listed}")
         self.report = report
-
-
-# -- sample inputs -------------------------------------------------------------------
-
-
-def tiny_png(width: int = 16, height: int = 16) -> bytes:
-    """A small RGB gradient PNG (written by hand: no Pillow needed)."""
-    rows = b"".join(
-        b"\x00" + bytes(v for x in range(width) for v in (x * 16 % 256, y * 16 % 256, 128))
-        for y in range(height)
-    )
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-def _sample_value(decl: InputDecl) -> Any:
-    if decl.kind == "image":
-        return tiny_png()
-    if decl.kind == "file":
-        return b"conformance sample\n"
-    if decl.choices:
-        return decl.choices[0]
-    if decl.kind == "bool":
-        return False
-    if decl.kind in ("int", "float"):
-        low = decl.ge if decl.ge is not None else (min(0, decl.le) if decl.le is not None else 0)
-        return int(-(-low // 1)) if decl.kind == "int" else float(low)
-    return "a" * max(decl.min_length or 1, 1)
-
-
-def sample_inputs(declaration: Declaration) -> dict[str, Any]:
-    """Inputs that should pass validation: every required input given a value."""
-    out: dict[str, Any] = {}
-    for decl in declaration.inputs:
-        if decl.required:
-            value = _sample_value(decl)
-            out[decl.name] = [value] if decl.is_list else value
-    return out
-
-
-# -- outputs --------------------------------------------------------------------------
-
-
-def output_problems(decl: OutputDecl, value: Any, result: RunResult, where: str) -> list[str]:
-    """How ``value`` (JSON, files described) differs from the declared output."""
-    if decl.is_list:
-        if not isinstance(value, list):
-            return [f"{where}: declared a list, got {type(value).__name__}"]
-        item = replace(decl, is_list=False)
-        return [
-            p
-            for i, v in enumerate(value)
-            for p in output_problems(item, v, result, f"{where}[{i}]")
-        ]
-    kind = decl.kind
-    if kind in ("image", "file"):
-        if not isinstance(value, dict) or "sha256" not in value or "content_type" not in value:
-            return [f"{where}: declared {kind}, got {str(value)[:80]!r} (not a file description)"]
-        problems = []
-        if kind == "image" and not str(value["content_type"]).startswith("image/"):
-            problems.append(f"{where}: declared an image, got {value['content_type']}")
-        data = result.files.get(value.get("name", ""))
-        if "url" in value and data is None:
-            problems.append(f"{where}: file {value.get('name')!r} was described but not stored")
-        if data is not None:
-            import hashlib
-
-            if (
-                len(data) != value.get("size")
-                or hashlib.sha256(data).hexdigest() != value["sha256"]
-            ):
-                problems.append(f"{where}: file {value['name']!r} does not match its size/sha256")
-        return problems
-    expected = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}.get(kind)
-    if expected is not None:
-        if not isinstance(value, expected) or (kind != "bool" and isinstance(value, bool)):
-            return [f"{where}: declared {kind}, got {type(value).__name__}"]
-        return []
-    if kind == "object":
-        if not isinstance(value, dict):
-            return [f"{where}: declared a dataclass, got {type(value).__name__}"]
-        names = [name for name, _ in decl.fields]
-        if sorted(value) != sorted(names):
-            return [f"{where}: fields {sorted(value)} are not the declared {sorted(names)}"]
-        return [
-            p
-            for name, out in decl.fields
-            for p in output_problems(out, value[name], result, f"{where}.{name}")
-        ]
-    return []  # json: any JSON value
-
-
-def _result_problems(declaration: Declaration, result: RunResult) -> list[str]:
-    if not declaration.streams:
-        return output_problems(declaration.output, result.output, result, "output")
-    if not isinstance(result.output, list):
-        return [
-            f"output: a streaming predict's result is a list, got {type(result.output).__name__}"
-        ]
-    problems = [
-        p
-        for i, item in enumerate(result.output)
-        for p in output_problems(declaration.output, item, result, f"output[{i}]")
-    ]
-    if result.events_named("output") != result.output:
-        problems.append("output: the output events are not the result's items")
-    return problems
-
-
-def _monotone(progress: list[tuple[int, int]]) -> str | None:
-    done = -1.0
-    for step, total in progress:
-        fraction = step / total if total else 1.0
-        if fraction < done:
-            return f"progress went back: {progress}"
-        done = fraction
-    return None
 
 
 # -- the isolated validation check ------------------------------------------------------
@@ -375,13 +248,13 @@ def _check_runs(report: ConformanceReport, harness: ModelHarness, sample: dict[s
         f"{len(first.events)} event(s)",
     ):
         return
-    went_back = _monotone(first.progress)
+    went_back = monotone(first.progress)
     report.add(
         "progress",
         went_back is None,
         went_back or f"{first.progress[-1] if first.progress else 'none reported'}",
     )
-    problems = _result_problems(declaration, first)
+    problems = result_problems(declaration, first)
     report.add("output", not problems, "; ".join(problems) or f"matches {_describe(declaration)}")
     _check_cancel(report, harness, sample, first)
     _check_batch(report, harness, sample, first)
@@ -451,7 +324,7 @@ def _check_batch(
         if not result.ok:
             problems.append(f"item {i} failed: {type(result.error).__name__}: {result.error}")
         else:
-            problems += [f"item {i}: {p}" for p in _result_problems(declaration, result)]
+            problems += [f"item {i}: {p}" for p in result_problems(declaration, result)]
     mixed = harness.run_batch([sample, {**sample, "no_such_input_xxx": 1}, sample])
     if mixed[1].ok or not (mixed[0].ok and mixed[2].ok):
         problems.append(
