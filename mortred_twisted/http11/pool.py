@@ -385,6 +385,12 @@ class _Call:
         return result
 
 
+#: Upstream origins whose parsed form :class:`LeanUpstreamClient` keeps, and the
+#: longest one kept (catalog upstreams: a handful of short ``host:port``).
+MAX_ORIGINS = 1024
+MAX_ORIGIN_LENGTH = 300
+
+
 class LeanUpstreamClient:
     """Forwards a request over pooled keep-alive connections (see module docstring).
 
@@ -405,7 +411,8 @@ class LeanUpstreamClient:
         self._connect_timeout = connect_timeout_s
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
-        self._parsed: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+        #: ``host:port`` of an upstream URL -> its connection key and Host value
+        self._origins: dict[str, tuple[tuple[str, int], bytes]] = {}
         self._all: set[UpstreamConnection] = set()
 
     # -- pool ------------------------------------------------------------------------
@@ -450,19 +457,28 @@ class LeanUpstreamClient:
         return failure
 
     def _split(self, url: str) -> tuple[tuple[str, int], bytes, bytes]:
-        parsed = self._parsed.get(url)
-        if parsed is not None:
-            return parsed
-        rest = url.partition("://")[2]
-        hostport, _, path = rest.partition("/")
-        host, _, port = hostport.rpartition(":")
-        if not host:
-            host, port = hostport, "80"
-        key = (host.strip("[]"), int(port))
-        parsed = (key, hostport.encode("ascii"), ("/" + path).encode("ascii"))
-        if len(self._parsed) < 10000:
-            self._parsed[url] = parsed
-        return parsed
+        """``(host, port)``, the ``Host`` value and the request target of ``url``.
+
+        Only the origin's part is cached, keyed by the origin (``host:port``): the
+        upstreams a gateway forwards to are a handful, while the path and query
+        come from callers (a wait query, a listing cursor) and are never kept, so
+        distinct URLs cannot grow the cache. At most :data:`MAX_ORIGINS` origins of
+        at most :data:`MAX_ORIGIN_LENGTH` characters are kept."""
+        start = url.find("://") + 3
+        slash = url.find("/", start)
+        if slash < 0:
+            hostport, target = url[start:], b"/"
+        else:
+            hostport, target = url[start:slash], url[slash:].encode("ascii")
+        origin = self._origins.get(hostport)
+        if origin is None:
+            host, _, port = hostport.rpartition(":")
+            if not host:
+                host, port = hostport, "80"
+            origin = ((host.strip("[]"), int(port)), hostport.encode("ascii"))
+            if len(self._origins) < MAX_ORIGINS and len(hostport) <= MAX_ORIGIN_LENGTH:
+                self._origins[hostport] = origin
+        return origin[0], origin[1], target
 
     # -- requests --------------------------------------------------------------------
 

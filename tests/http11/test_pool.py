@@ -393,3 +393,34 @@ def test_a_paused_stream_stops_reading_its_upstream_and_its_silence_clock() -> N
     assert transport.producerState == "producing"
     proto.dataReceived(b"0\r\n\r\n")
     assert pieces == [b"hello"] and stream.done.called
+
+
+def test_distinct_urls_pin_no_memory_in_the_client() -> None:
+    """Requests whose URLs differ only in a 16 KiB query (a wait query or listing
+    cursor a caller picks) leave nothing behind in the client: what it keeps per
+    upstream does not grow with the URLs it has seen (before: every distinct URL up
+    to 10,000 was kept with its path, ~32 KiB each; ~290 MiB measured at the gateway)."""
+    import tracemalloc
+
+    client = LeanUpstreamClient(MemoryReactorClock(), recv_timeout_s=5.0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):
+            url = f"http://127.0.0.1:18100/jobs/job_a/wait?timeout={i}&x={'a' * 16_384}"
+            key, data = client._encode("GET", url, {}, None)
+            assert key == ("127.0.0.1", 18100) and data.startswith(b"GET /jobs/job_a/wait?")
+        del data
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1024 * 1024, f"{kept} bytes kept for 2,000 distinct URLs"
+
+
+def test_the_request_line_is_the_url_path_and_query() -> None:
+    """Host header and request target come from the URL as before the cache change."""
+    client = LeanUpstreamClient(MemoryReactorClock(), recv_timeout_s=5.0)
+    key, data = client._encode("GET", "http://[::1]:8080/a/b?c=d", {}, None)
+    assert key == ("::1", 8080) and data == b"GET /a/b?c=d HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n"
+    key, data = client._encode("DELETE", "http://example:81", {}, None)
+    assert key == ("example", 81) and data.startswith(b"DELETE / HTTP/1.1\r\nHost: example:81\r\n")
