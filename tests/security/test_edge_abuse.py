@@ -179,12 +179,23 @@ def test_a_client_that_does_not_read_cannot_grow_the_gateway(processes: dict[str
 
 
 def test_body_budget_answers_503_from_the_head(limited_model: RunningServer) -> None:
-    """Two authenticated uploads of 700 kB each announced at once on a 1 MB budget:
-    the second is a 503 with Retry-After before any of its body is sent."""
+    """Two authenticated uploads of 700 kB each on a 1 MB budget, the first with all
+    but its last byte sent (the budget holds bytes read, never a head alone): the
+    second is a 503 with Retry-After before any of its body is sent."""
     auth = b"Authorization: Bearer " + INTERNAL_TOKEN.encode() + b"\r\n"
     first = socket.create_connection(("127.0.0.1", limited_model.port), timeout=10)
     try:
-        first.sendall(post_head(b"/jobs", 700_000, auth).replace(b"Expect: 100-continue\r\n", b""))
+        head = post_head(b"/jobs", 700_000, auth).replace(b"Expect: 100-continue\r\n", b"")
+        first.sendall(head + b" " * 699_999)
+
+        def held() -> float:
+            _, _, body = limited_model.request("GET", "/metrics")
+            line = next(
+                ln for ln in body.splitlines() if ln.startswith(b"mortred_http_body_bytes_held ")
+            )
+            return float(line.split()[1])
+
+        wait_until(lambda: held() >= 699_999, 10, "the first body read")
 
         def second() -> bytes:
             raw, sock = head_answer(limited_model.port, post_head(b"/jobs", 700_000, auth))
