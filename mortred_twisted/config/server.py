@@ -73,6 +73,8 @@ class ServerConfig:
     cancel_grace_ms: int = 5000  # process workers: kill a run that ignores cancel after this
     webhook_allowed_hosts: tuple[str, ...] = ()  # deny by default (no webhooks)
     webhook_secret: str = ""  # Standard Webhooks signing secret (env MORTRED_WEBHOOK_SECRET)
+    output_files: str = "files"  # SDK jobs' Image/File outputs: "files" (URLs) or "inline"
+    result_files_dir: str = ""  # where result files live ("": see stores/result_files.py)
     model_type: str = "fake"
     model_config: str | None = None
     model_options: Mapping[str, Any] = field(default_factory=dict)
@@ -130,6 +132,8 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "cancel_grace_ms": (int,),
         "webhook_allowed_hosts": (list,),
         "webhook_secret": (str,),
+        "output_files": (str,),
+        "result_files_dir": (str,),
     }
 )
 
@@ -396,6 +400,9 @@ def build_server_config(
             secret_key(secret)
         except ValueError as exc:
             problems.append(f"server.{exc}")
+    output_files = server.get("output_files", "files")
+    if output_files not in ("files", "inline"):
+        problems.append(f"server.output_files: must be 'files' or 'inline' (got {output_files!r})")
     uri = server.get("server_uri", "/infer")
     if isinstance(uri, str) and not uri.startswith("/"):
         problems.append(f"server.server_uri: must start with '/' (got {uri!r})")

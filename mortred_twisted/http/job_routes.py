@@ -24,6 +24,7 @@ Thread contract: reactor thread only.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -33,6 +34,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fair_share import caller_terms, check_priority, over_quota, queue_body
+from mortred_twisted.http.job_files import prefers_inline
 from mortred_twisted.http.job_listing import JobListing
 from mortred_twisted.http.job_stream import JobEventStream
 from mortred_twisted.http.request_checks import RequestChecks
@@ -198,6 +200,8 @@ class JobRoutes:
         try:
             key = check_key(self.responder.header(request, b"idempotency-key"))
             valid, req_id = self.checks.parse_and_validate(request, job_fields)
+            if prefers_inline(self.responder.header(request, b"prefer")):
+                valid = replace(valid, inline_files=True)  # result files as base64
             webhook = self._webhook_target(job_fields)
             terms = self.terms(request)
             priority = check_priority(job_fields, terms)

@@ -3,7 +3,8 @@
 Routes (see docs/api.md): ``GET /healthz``, ``GET /ready``, ``GET /metrics``,
 ``GET /openapi.json`` (public); ``POST <server_uri>`` (sync inference);
 ``POST /jobs``, ``GET /jobs/{id}``, ``GET /jobs/{id}/wait?timeout=ms``,
-``GET /jobs/{id}/result`` (async, 404 unless ``async_enabled``).
+``GET /jobs/{id}/result``, ``GET /jobs/{id}/files/{name}`` (async, 404 unless
+``async_enabled``).
 
 POST pre-check order: 404 → 405 → 401 → 415 → 413 (from the head, before the body is
 read: :meth:`~mortred_twisted.http.request_checks.RequestChecks.refuse_from_head`) → 400 → 422 →
@@ -37,6 +38,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import to_api_error
 from mortred_twisted.http.hot_routes import HOT_LABELS, HotRoutes
+from mortred_twisted.http.job_files import JobFileRoutes
 from mortred_twisted.http.job_routes import JobRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.request_checks import RequestChecks
@@ -66,6 +68,7 @@ class ModelServerApp:
         self.checks = RequestChecks(runtime, self.responder, self.app, rate_limiter)
         self.jobs = JobRoutes(runtime, self.responder, self.checks)
         jobs = self.jobs
+        self.files = JobFileRoutes(runtime, self.responder, jobs.job_get_prechecks, jobs.visible)
         route = self.app.route
         self._routes: dict[str, tuple[str, ...]] = {}
         #: route label -> the instrumented handler Klein registered for it
@@ -89,6 +92,7 @@ class ModelServerApp:
         add("/jobs", ("GET",), "jobs_list", jobs.listing.list_jobs)
         add("/jobs/<job_id>", ("DELETE",), "jobs_cancel", jobs.cancel_job)
         add("/jobs/<job_id>/events", ("GET",), "jobs_events", jobs.events.job_events)
+        add("/jobs/<job_id>/files/<name>", ("GET",), "jobs_file", self.files.job_file)
         add("/queue", ("GET",), "queue", jobs.queue)
         self.checks.known_route = self.hot_routes().serves
         self.app.handle_errors(MethodNotAllowed)(self.checks.method_not_allowed)

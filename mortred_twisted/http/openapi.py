@@ -222,6 +222,31 @@ def build_openapi(
                 },
             }
         },
+        "/jobs/{job_id}/files/{name}": {
+            "get": {
+                "summary": "One result file of a done job (its result's data names it by "
+                "url); ETag, If-None-Match, single byte ranges",
+                "security": security,
+                "parameters": [
+                    job_id,
+                    {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "Range",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                ],  # fmt: skip
+                "responses": {
+                    "200": {"description": "the file's bytes (its own Content-Type)"},
+                    "206": {"description": "one range of them (Content-Range)"},
+                    "304": {"description": "not modified (If-None-Match)"},
+                    "404": _json(_ERROR, "job or file not found"),
+                    "409": _json(_ERROR, "job not finished (state: …)"),
+                    "416": _json(_ERROR, "range not satisfiable"),
+                },
+            }
+        },
     }
     param_props = {p.name: p.json_schema() for p in params}
     document: dict[str, Any] = {

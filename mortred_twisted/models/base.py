@@ -91,6 +91,9 @@ class InferenceRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     #: params came as text fields (a multipart submit): scalars are parsed by type
     text_params: bool = False
+    #: a job's result files come back inline (base64) rather than as URLs
+    #: (``Prefer: return=inline``); kept on a shared store's wire
+    inline_files: bool = False
 
     def with_params(self, params: Mapping[str, Any]) -> InferenceRequest:
         return replace(self, params=dict(params))

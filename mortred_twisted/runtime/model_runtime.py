@@ -40,6 +40,13 @@ from mortred_twisted.runtime.runner import JobRunner, record_end
 from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
 from mortred_twisted.stores.memory_store import MemoryJobStore
+from mortred_twisted.stores.result_files import (
+    DirectoryResultFiles,
+    JobFiles,
+    ResultFileSweeper,
+    ledger_states,
+    redis_states,
+)
 from mortred_twisted.stores.wire import decode_request, encode_request
 
 log = Logger()
@@ -67,8 +74,15 @@ class ModelRuntime:
         build_model: ModelBuilder = create_model,
         call_from_thread: Callable[..., Any] | None = None,
         webhook_client: WebhookHttpClient | None = None,
+        io_threads: Callable[..., Deferred[Any]] | None = None,
     ) -> None:
         self.config = config
+        #: ``run(fn, *args)`` on a thread for file IO (result files); the model
+        #: threads when not given (the tap gives the reactor's own pool)
+        self.io_threads = io_threads or threads.run
+        #: the SDK jobs' result files (None until an SDK model loaded with async on)
+        self.result_files: DirectoryResultFiles | None = None
+        self._files_sweeper: ResultFileSweeper | None = None
         self.clock = clock
         self.threads = threads
         self.metrics = metrics or ServerMetrics()
@@ -191,7 +205,41 @@ class ModelRuntime:
             out.addErrback(lambda f: log.warn("job store upkeep failed: {e}",
                                               e=f.getErrorMessage()))  # fmt: skip
         self._kick()
+        if self._files_sweeper is not None:
+            swept = Deferred.fromCoroutine(self._files_sweeper.sweep())
+            swept.addErrback(lambda f: log.warn("result file sweep failed: {e}",
+                                                e=f.getErrorMessage()))  # fmt: skip
         return out
+
+    def result_files_dir(self) -> Path | None:
+        """Where a shared store's result files live (every replica of the id reaches
+        it): ``<result_files_dir or <root>/var/results>/<model id>``; None: this
+        process's own temporary directory (the memory store's default)."""
+        cfg = self.config
+        if cfg.result_files_dir:
+            return Path(cfg.root) / cfg.result_files_dir / cfg.id
+        if cfg.job_store == "redis":
+            return Path(cfg.root) / "var" / "results" / cfg.id
+        return None
+
+    def _open_result_files(self) -> None:
+        """Result files for an SDK model's jobs (nothing for the built-in models:
+        their envelope stays the seed's)."""
+        where = self.result_files_dir()
+        files = DirectoryResultFiles.private() if where is None else DirectoryResultFiles(where)
+        self.result_files = files
+        ledger = self.ledger
+        states = ledger_states(ledger) if ledger is not None else redis_states(self.store)
+        self._files_sweeper = ResultFileSweeper(files, states, self.io_threads)
+
+    def file_sink(self, job_id: str, request: InferenceRequest) -> JobFiles | None:
+        """The result-file sink of one run (the runner asks it for each job): None,
+        i.e. files inline, with ``Prefer: return=inline`` or ``output_files =
+        "inline"``."""
+        files = self.result_files
+        if files is None or request.inline_files or self.config.output_files == "inline":
+            return None
+        return files.sink(job_id)
 
     @property
     def ready(self) -> bool:
@@ -241,6 +289,8 @@ class ModelRuntime:
     def _loaded(self, models: list[Model]) -> None:
         cfg = self.config
         self.models = models
+        if cfg.async_enabled and models and getattr(models[0], "declaration", None) is not None:
+            self._open_result_files()
         self.workers = WorkerPool(models)
         self.runner = JobRunner(
             clock=self.clock,
@@ -251,6 +301,7 @@ class ModelRuntime:
             metrics=self.metrics,
             budget_ms=cfg.async_timeout,
             events=self.events,
+            result_files=self.file_sink,
         )
         self.sync = SyncInference(
             clock=self.clock,
@@ -314,6 +365,9 @@ class ModelRuntime:
         return d
 
     def close_store(self) -> Deferred[Any] | None:
-        """Disconnect a shared store (after the last answer that needs it)."""
+        """Disconnect a shared store (after the last answer that needs it); remove
+        this process's own result files (a memory store's jobs die with it)."""
+        if self.result_files is not None:
+            self.result_files.close()
         stop = getattr(self.store, "stop", None)
         return stop() if stop is not None else None

@@ -85,8 +85,12 @@ class JobRunner:
         budget_ms: int,
         on_terminal: Callable[[str], None] | None = None,
         events: JobEvents | None = None,
+        result_files: Callable[[str, InferenceRequest], Any] | None = None,
     ) -> None:
         self._clock = clock
+        #: ``(job_id, request) -> sdk.outputs.FileSink | None`` for each run (None:
+        #: every run's files inline); see stores/result_files.py
+        self._result_files = result_files
         self._store = store
         self._workers = workers
         self._threads = threads
@@ -325,6 +329,8 @@ class JobRunner:
                 self._events.started(job_id)
             ctx = RunContext(on_progress=lambda step, total: self._progress(job_id, step, total))
             ctx.job_id = job_id
+            if self._result_files is not None:
+                ctx.result_files = self._result_files(job_id, request)
             if self._events is not None:  # an SDK model's previews and streamed outputs
                 ctx.on_event = lambda name, data: self._events.emitted(job_id, name, data)
             self._contexts[job_id] = ctx

@@ -3,8 +3,8 @@
 A validated :class:`~mortred_twisted.models.base.InferenceRequest` as bytes::
 
     b"MJ1" | 4-byte big-endian length of the head | head (compact JSON:
-    {"r": req_id, "p": params, "n": [length of each image]}) | the images, raw,
-    one after another
+    {"r": req_id, "p": params, "n": [length of each image], "f": 1 only when the
+    job's result files come back inline}) | the images, raw, one after another
 
 Images travel as they are (no base64: a 1 MB image stays 1 MB in Redis and costs no
 encoding pass). Params are what the model's ``validate`` returned from JSON input,
@@ -28,10 +28,10 @@ _HEAD_LEN = 4
 
 def encode_request(request: InferenceRequest) -> bytes:
     """The payload bytes of ``request`` for the job hash."""
-    head = json.dumps(
-        {"r": request.req_id, "p": dict(request.params), "n": [len(i) for i in request.images]},
-        separators=(",", ":"),
-    ).encode("utf-8")
+    doc = {"r": request.req_id, "p": dict(request.params), "n": [len(i) for i in request.images]}
+    if request.inline_files:
+        doc["f"] = 1
+    head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     return b"".join((MAGIC, len(head).to_bytes(_HEAD_LEN, "big"), head, *request.images))
 
 
@@ -62,7 +62,9 @@ def decode_request(payload: bytes) -> InferenceRequest:
         at += n
     if at != len(payload):
         raise ValueError("job payload: trailing bytes")
-    return InferenceRequest(req_id=head["r"], images=tuple(images), params=head["p"])
+    return InferenceRequest(
+        req_id=head["r"], images=tuple(images), params=head["p"], inline_files=bool(head.get("f"))
+    )
 
 
 def _decode_json(payload: bytes) -> InferenceRequest:

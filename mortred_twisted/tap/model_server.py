@@ -26,6 +26,7 @@ from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -241,6 +242,7 @@ def build_service(
     runtime = ModelRuntime(
         config, clock=reactor, threads=threads, metrics=ServerMetrics(),
         call_from_thread=reactor.callFromThread, webhook_client=webhook_client,
+        io_threads=lambda fn, *args: deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args),
     )  # fmt: skip
     limiter = RateLimiter(reactor.seconds) if config.rate_limit_qps > 0 else None
     app = ModelServerApp(runtime, rate_limiter=limiter)

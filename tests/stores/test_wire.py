@@ -73,3 +73,13 @@ def _frame(head: dict, tail: bytes = b"") -> bytes:
 def test_a_payload_that_does_not_add_up_is_refused(payload: bytes) -> None:
     with pytest.raises(ValueError):
         decode_request(payload)
+
+
+def test_the_inline_files_choice_travels_with_the_job() -> None:
+    """``Prefer: return=inline`` (``inline_files``) survives the wire; without it the
+    head carries no extra key."""
+    inline = InferenceRequest(req_id="r", images=(b"x",), params={}, inline_files=True)
+    assert decode_request(encode_request(inline)).inline_files is True
+    plain = InferenceRequest(req_id="r", images=(b"x",), params={})
+    assert b'"f"' not in encode_request(plain)
+    assert decode_request(encode_request(plain)).inline_files is False
