@@ -218,8 +218,14 @@ def _check_validation(
 def _check_imports(
     report: ConformanceReport, target: Target, base: Any, sample: dict[str, Any]
 ) -> None:
+    name = target_name(target)
+    if isinstance(target, type) and (
+        target.__module__ == "__main__" or "<locals>" in target.__qualname__
+    ):
+        report.add("validation-imports", None, f"not checked: {name} cannot be imported by name")
+        return
     try:
-        found = _probe_imports(target_name(target), str(base) if base is not None else None, sample)
+        found = _probe_imports(name, str(base) if base is not None else None, sample)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
         report.add("validation-imports", False, f"validating in a fresh interpreter failed: {exc}")
         return
@@ -269,10 +275,11 @@ def _describe(declaration: Declaration) -> str:
 def _check_cancel(
     report: ConformanceReport, harness: ModelHarness, sample: dict[str, Any], first: RunResult
 ) -> None:
-    if len(first.progress) < 2:
+    steps = [step for step, _total in first.progress if step > 0]
+    if len(steps) < 2:
         report.add("cancel", None, "not checked: predict reports fewer than two progress steps")
         return
-    at = first.progress[0][0]
+    at = steps[0]  # cancelled once the first step is done: work remains
     run = harness.attempt(cancel_at_step=at, **sample)
     if not run.cancelled:
         report.add(
@@ -294,9 +301,8 @@ def _check_cancel(
             "steps before stopping",
         )
     else:
-        report.add(
-            "cancel", True, f"stopped after step {run.progress[-1][0]} of {run.progress[-1][1]}"
-        )
+        step, total = run.progress[-1]
+        report.add("cancel", True, f"stopped after step {step} of {total}")
 
 
 def _without_urls(value: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mortred_twisted.sdk import Input, ServedModel, declare
+from mortred_twisted.sdk import Context, Input, ServedModel, declare
 from mortred_twisted.testing import conformance
 from mortred_twisted.testing.conformance import ConformanceError, sample_inputs
 from tests.testing import models
@@ -103,3 +103,31 @@ def test_a_validation_that_imports_torch_is_reported(tmp_path) -> None:  # type:
     )
     report = conformance.check(str(tmp_path / "heavy.py") + ":Heavy", raise_on_problem=False)
     assert report.problems == ["validation-imports: validating imported torch"]
+
+
+def test_a_model_that_reports_step_zero_first_is_cancelled_after_a_real_step() -> None:
+    """progress(0, n) at the start is no step done: the cancel comes after step 1."""
+
+    class StartsAtZero(ServedModel):
+        def predict(self, ctx: Context, n: int = Input(3, ge=1)) -> int:
+            ctx.progress(0, n)
+            for i in range(n):
+                ctx.check_cancelled()
+                ctx.progress(i + 1, n)
+            return n
+
+    report = conformance.check(StartsAtZero, raise_on_problem=False)
+    assert report.ok, str(report)
+    assert [c.detail for c in report.checks if c.name == "cancel"] == ["stopped after step 1 of 3"]
+
+
+def test_a_class_that_cannot_be_imported_by_name_skips_the_fresh_interpreter_check() -> None:
+    """A test's local class: the import check says why it did not run."""
+
+    class Local(ServedModel):
+        def predict(self, x: int = Input(1)) -> int:
+            return x
+
+    report = conformance.check(Local)
+    skipped = [c for c in report.checks if c.name == "validation-imports"]
+    assert skipped[0].ok is None and "cannot be imported by name" in skipped[0].detail
