@@ -6,6 +6,7 @@ pool and clock, the waiter woken, ``GET /jobs/{id}/result``).
 
     .venv/bin/python bench/port_cpu.py            # this checkout
     .venv/bin/python bench/port_cpu.py --sdk      # the same job path, an SDK model
+    .venv/bin/python bench/port_cpu.py --calls [--sdk]   # Python calls per request
     (cd /tmp/base && /work/main/.venv/bin/python bench/port_cpu.py)   # a worktree
 
 Run it in a ``git worktree`` of another commit with the same interpreter for an A/B
@@ -140,6 +141,25 @@ def job_lives(n):
         sent.clear()
     return (time.process_time() - start) / n * 1e6
 
+
+def calls_per(fn, *args, n):
+    """Python calls per request under cProfile: exact, whatever loads the machine."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    fn(*args)
+    profile.disable()
+    return pstats.Stats(profile).total_calls / n
+
+
+if "--calls" in sys.argv:  # call counts instead of CPU time (a load-proof A/B)
+    job_lives(200)
+    print(f"job: {calls_per(job_lives, 500, n=500):.0f} calls/job")
+    print(f"poll: {calls_per(run, poll, 2000, n=2000):.0f} calls/request")
+    print(f"submit: {calls_per(run, submit, 200, n=200):.0f} calls/request")
+    sys.exit(0)
 
 gc.freeze()
 print(f"job: {job_lives(2000):.1f} us/job (warm-up)")
