@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-from mortred_client.protocol import Answer, Call, check_base_url, resolve_url
+from mortred_client.protocol import Answer, Call, check_base_url, for_origin, resolve_url
 
 
 class HttpTransport:
@@ -43,9 +43,10 @@ class HttpTransport:
 
     def send(self, call: Call, timeout: float) -> Answer:
         """The whole answer to ``call``; ``OSError`` when there is none."""
-        conn, target = self._connection(self.url(call.path), timeout + call.hold)
+        url, headers = for_origin(self.base_url, call)  # credentials: own origin only
+        conn, target = self._connection(url, timeout + call.hold)
         try:
-            conn.request(call.method, target, body=call.body, headers=dict(call.headers))
+            conn.request(call.method, target, body=call.body, headers=dict(headers))
             resp = conn.getresponse()
             body = resp.read()
             return Answer(resp.status, _headers(resp), body)
@@ -56,9 +57,10 @@ class HttpTransport:
 
     def stream(self, call: Call, timeout: float) -> Stream:
         """Open ``call`` and return its answer's head with the body still to read."""
-        conn, target = self._connection(self.url(call.path), timeout)
+        url, headers = for_origin(self.base_url, call)  # credentials: own origin only
+        conn, target = self._connection(url, timeout)
         try:
-            conn.request(call.method, target, body=call.body, headers=dict(call.headers))
+            conn.request(call.method, target, body=call.body, headers=dict(headers))
             resp = conn.getresponse()
         except http.client.HTTPException as exc:
             conn.close()

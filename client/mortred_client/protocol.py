@@ -73,16 +73,57 @@ class Answer:
 
 
 def resolve_url(base_url: str, path: str) -> str:
-    """An absolute URL: ``path`` as is when absolute, else below ``base_url`` (whose
-    path, if any, prefixes every client-built path; a server link that already
-    starts with that prefix is kept)."""
+    """An absolute URL: ``path`` as is when absolute (``//host/...``, a network-path
+    reference, takes the base URL's scheme), else below ``base_url`` (whose path, if
+    any, prefixes every client-built path; a server link that already starts with
+    that prefix is kept)."""
     if "://" in path:
         return path
+    if path.startswith("//"):
+        return urljoin(base_url, path)
     base = base_url.rstrip("/")
     prefix = urlsplit(base).path
     if prefix and not path.startswith(prefix + "/"):
         path = prefix + path
     return urljoin(base + "/", path)
+
+
+#: The only headers sent to a URL on another origin than the base URL's (a link a
+#: server returned): none that can carry a credential (``Authorization``, a
+#: caller's extra headers).
+CROSS_ORIGIN_HEADERS = frozenset(
+    {"accept", "user-agent", "content-type", "idempotency-key", "last-event-id"}
+)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an absolute URL (default ports filled in), or
+    None when it has none (a bad port, no host)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    if not parts.hostname or port is None:
+        return None
+    return scheme, parts.hostname.lower(), port
+
+
+def for_origin(base_url: str, call: Call) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """Where to send ``call`` and with which headers: all of them when its URL is on
+    the origin of ``base_url`` (scheme, host and port), else only
+    :data:`CROSS_ORIGIN_HEADERS`. Credentials go to the configured origin only, never
+    to a server's link (``poll_url``, ``result_url``, ``Location``) that names
+    another one, absolute or ``//``-relative."""
+    url = resolve_url(base_url, call.path)
+    own = origin_of(base_url)
+    if own is not None and origin_of(url) == own:
+        return url, call.headers
+    return url, tuple((k, v) for k, v in call.headers if k.lower() in CROSS_ORIGIN_HEADERS)
 
 
 def check_base_url(base_url: str) -> str:

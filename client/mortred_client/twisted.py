@@ -36,6 +36,7 @@ from mortred_client.protocol import (
     check_base_url,
     envelope,
     find_infer_path,
+    for_origin,
     new_idempotency_key,
     read_page,
     read_result,
@@ -95,12 +96,13 @@ class TwistedClient:
     # -- the request loop -------------------------------------------------------------
 
     async def _send(self, call: Call, unbuffered: bool = False) -> Any:
+        url, pairs = for_origin(self.base_url, call)  # credentials: own origin only
         headers = Headers()
-        for name, value in call.headers:
+        for name, value in pairs:
             headers.addRawHeader(name.encode("latin-1"), value.encode("latin-1"))
         try:
             return await self.http.request(
-                call.method, resolve_url(self.base_url, call.path), headers=headers,
+                call.method, url, headers=headers,
                 data=call.body, timeout=self.timeout + call.hold, unbuffered=unbuffered,
                 reactor=self.reactor,
             )  # fmt: skip
