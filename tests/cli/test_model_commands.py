@@ -123,3 +123,14 @@ def test_jobs_submit_refuses_a_pair_without_a_name(server: str, pair: str) -> No
     """Usage error, nothing sent."""
     assert gw_run(server, "jobs", "submit", "DDPM", "-i", pair)[0] == 2
     assert not [s for s in Scripted.seen if s[0] == "POST"]
+
+
+def test_jobs_submit_inputs_through_the_supervisor(server: str) -> None:
+    """Without --gateway the supervisor's proxy gets the same params, with its own
+    fields (server_id, async)."""
+    out = io.StringIO()
+    code = main(["--addr", server, "--token", "mgmt", "jobs", "submit", "DDPM", "-i", "x=1",
+                 "--params", '{"y": "z"}'], out=out)  # fmt: skip
+    assert code == 0
+    posted = [s for s in Scripted.seen if s[0] == "POST"][-1]
+    assert posted[3] == {"server_id": "DDPM", "async": True, "params": {"y": "z", "x": 1}}
