@@ -9,7 +9,8 @@ without a principal header a model lists every job) and rewrites job URLs to
 ``/api/v1/jobs/<id>/<job>``. ``GET /api/v1/jobs/<id>/<job>/events`` is relayed as a
 stream by the gateway's relay (:mod:`mortred_twisted.gateway.events`): each event
 reaches the browser as the model writes it, and a browser that leaves closes the
-model's stream. Reactor
+model's stream. ``POST /api/v1/autoscale/<id>/wake`` (the API token or the internal
+token) is the gateway's cold-start call (:meth:`SupervisorApi.wake`). Reactor
 thread only.
 
 Served by the project's HTTP/1.1 server (:meth:`SupervisorApi.http_server`), with the
@@ -202,6 +203,9 @@ class SupervisorApi:
         if s is None:
             return _json(request, 404, {"error": f"unknown server: {server_id}"})
         doc = s.status()
+        scaler = self.supervisor.scalers.get(server_id)
+        if scaler is not None:
+            doc["autoscale"] = scaler.status()
         entry = self.catalog.get(server_id)
         if entry is not None:
             doc["catalog"] = entry.to_json()
@@ -235,7 +239,11 @@ class SupervisorApi:
         if scaler is None:
             return _json(request, 404, {"error": f"not an autoscaled model: {server_id}"})
         if self.supervisor.closing or not scaler.group.wanted:
-            why = "shutting down" if self.supervisor.closing else "stopped by an operator"
+            why = (
+                "shutting down"
+                if self.supervisor.closing
+                else "not started (autostart off, or stopped by an operator)"
+            )
             return self._cold_refusal(request, scaler, f"{server_id}: {why}")
 
         def answer(url: str | None) -> bytes:

@@ -87,3 +87,14 @@ def test_inconsistent_settings_are_reported(table: dict[str, object], message: s
     with pytest.raises(ConfigErrors) as e:
         build_control_config({"servers": {"M": table}})
     assert message in str(e.value)
+
+
+def test_the_shipped_autoscale_example_loads() -> None:
+    """conf/autoscale/mortred.toml and its catalog form a valid autoscaled catalog."""
+    from mortred_twisted.config.control import load_control_config
+
+    root = Path(__file__).resolve().parents[2]
+    catalog = build_catalog(load_control_config(root / "conf" / "autoscale" / "mortred.toml"))
+    entry = catalog["FAKE_AUTOSCALE"]
+    assert entry.autoscale is not None and entry.autoscale.min_replicas == 0
+    assert entry.replicas == 3 and entry.job_store == "redis"

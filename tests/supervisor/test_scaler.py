@@ -143,13 +143,17 @@ def test_a_wake_that_times_out_fires_none_and_retry_after_is_the_startup_time() 
 
 
 def test_an_operator_stop_is_left_alone() -> None:
-    """After an operator's stop the scaler starts nothing, whatever the backlog."""
+    """After an operator's stop the scaler starts nothing, whatever the backlog, but
+    still measures and exports it (what an external autoscaler reads)."""
     rig = Rig()
     rig.group.stop()
     rig.meter.backlog_value = 100
     rig.run(5)
     assert rig.up() == 0
     assert not rig.scaler.status()["active"]
+    assert rig.scaler.status()["backlog"] == 100
+    text = render(supervisor_registry(rig.supervisor)).decode()
+    assert 'mortred_autoscale_backlog{model="M"} 100.0' in text
 
 
 def test_a_lost_backlog_holds_the_count() -> None:

@@ -52,6 +52,8 @@ def test_wake_starts_a_replica_and_answers_once_it_is_ready() -> None:
     assert response.code == 200 and doc["url"] == "http://127.0.0.1:18100"
     assert doc["cold_starts"] == 1 and doc["cold_start_s"] is not None
     assert scaler.waiting == 0
+    code, body, _h = h.call("GET", "/api/v1/servers/A", headers=AUTH)
+    assert code == 200 and json.loads(body)["autoscale"]["cold_starts"] == 1
 
 
 def test_wake_past_the_bound_is_503_with_retry_after() -> None:
