@@ -16,7 +16,8 @@ context that records everything a run tells the server::
 
 Inputs are Python values: scalars as they are; an ``Image``/``File`` input takes an
 :class:`~mortred_twisted.sdk.Image`/``File``, ``bytes``, a :class:`pathlib.Path` (or
-a ``str`` naming an existing file), a base64 string or a ``data:`` URI.
+a ``str`` naming an existing file), a base64 string, a ``data:`` URI, a Pillow
+picture or a numpy array (both sent as PNG).
 
 Contract: ``setup`` runs once, on first use of an instance (:meth:`validate` never
 needs it: validation reads the declaration only). One harness runs one call at a
@@ -152,8 +153,19 @@ class _Recorder(RunContext):
             self.cancel()
 
 
+def as_media(value: Any) -> Any:
+    """A Pillow picture or a numpy array as a PNG :class:`Image`; other values as
+    they are."""
+    if hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image
+        return Image.from_pil(value)
+    if hasattr(value, "__array_interface__") and hasattr(value, "shape"):  # numpy
+        return Image.from_array(value)
+    return value
+
+
 def as_input(value: Any, where: str) -> Any:
     """A Python value for a binary input as the server's validator takes it."""
+    value = as_media(value)
     if isinstance(value, File):
         return Upload(value.read(), value.content_type, value.name)
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -98,7 +98,10 @@ class HTTPStatusError(AssertionError):
 
 def json_value(value: Any) -> Any:
     """A harness input as it goes in a JSON submit: files and bytes as base64, paths
-    read, lists item by item."""
+    read, Pillow pictures and numpy arrays as PNG, lists item by item."""
+    from mortred_twisted.testing.harness import as_media
+
+    value = as_media(value)
     if isinstance(value, File):
         return base64.b64encode(value.read()).decode("ascii")
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -197,3 +197,17 @@ def test_command_line_pairs_become_inputs(tmp_path: Path) -> None:
     }
     with pytest.raises(ValueError, match="name=value"):
         inputs_from_pairs(decl, ["amount"])
+
+
+def test_an_image_input_takes_a_pil_picture_and_a_numpy_array() -> None:
+    """Both are sent as PNG: the model reads the same pixels back."""
+    import numpy as np
+    from PIL import Image as PILImage
+
+    pixels = np.zeros((4, 5, 3), dtype=np.uint8)
+    pixels[1, 2] = (10, 20, 30)
+    harness = ModelHarness(models.Inverts)
+    for value in (pixels, PILImage.fromarray(pixels)):
+        sent = harness.validate(image=value)["image"]
+        assert sent["content_type"] == "image/png"
+        assert harness.run(image=value, steps=1).files["output.png"].startswith(b"\x89PNG")

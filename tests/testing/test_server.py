@@ -120,3 +120,12 @@ def test_the_fixture_closes_what_it_served(served_model, model_harness) -> None:
     server = served_model(models.Batches)
     assert server.run(x=2)["data"] == 4
     assert model_harness(models.Batches).run(x=3).output == 6
+
+
+def test_a_numpy_array_is_submitted_as_a_png() -> None:
+    """json_value encodes an array as base64 PNG for the submit."""
+    import numpy as np
+
+    with MemoryServer(models.Inverts) as server:
+        job = server.submit(image=np.zeros((3, 3, 3), dtype=np.uint8), steps=1).json()
+        assert server.wait(job["job_id"])["state"] == "done"
