@@ -120,6 +120,19 @@ def _rewrite_fields(doc: dict[str, Any], prefix: str) -> bool:
     return changed
 
 
+_FILE_URL = b'"url":"/jobs/'
+
+
+def rewrite_file_urls(body: bytes, prefix: str) -> bytes:
+    """A result body (``/jobs/{id}/result``) with each result file's ``"url":
+    "/jobs/…"`` under ``prefix``. The model server writes compact JSON, and a
+    ``"url"`` quoted inside a JSON string is escaped, so a plain replace of the
+    compact form finds exactly the files' URLs (``sdk/outputs.py``)."""
+    if _FILE_URL not in body:
+        return body
+    return body.replace(_FILE_URL, b'"url":"' + prefix.encode())
+
+
 #: Bytes an event stream may hold without a record boundary before they are passed
 #: on as they are (the model's records are a few hundred bytes).
 MAX_RECORD = 1 << 20

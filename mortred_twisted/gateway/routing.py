@@ -15,6 +15,8 @@ and the job API beyond the seed (docs/api.md § "Beyond the seed")::
     GET  /v1/models/{id}/jobs?state=&limit=&cursor=
                                                -> GET  /jobs?...             (listing)
     GET  /v1/models/{id}/jobs/{job}/events     -> GET  /jobs/{job}/events    (SSE stream)
+    GET  /v1/models/{id}/jobs/{job}/files/{name}
+                                               -> GET  /jobs/{job}/files/{name} (result file)
 
 Bare ``/jobs`` is not routed. Matching is split in steps so the edge can answer 405
 and 401 before revealing whether a model id exists: :func:`match` looks only at the
@@ -48,6 +50,9 @@ from mortred_twisted.config.catalog import Catalog, CatalogEntry
 #: similarly tame. Others cannot exist upstream, so they are answered 404 locally
 #: (and can never smuggle ``..`` or ``%2F`` into the upstream path).
 _SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
+#: Result file names the gateway forwards (``stores/result_files.check_name``'s
+#: shape: no ``/``, no leading dot, no escapes); others are answered 404 here.
+_SAFE_FILE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
 
 
 class RouteKind(enum.Enum):
@@ -63,6 +68,7 @@ class RouteKind(enum.Enum):
     LIST = "jobs_list"
     EVENTS = "jobs_events"
     QUEUE = "queue"
+    FILE = "jobs_file"
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -76,6 +82,7 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.EVENTS: {"GET": RouteKind.EVENTS},
     RouteKind.LEGACY: {"POST": RouteKind.LEGACY},
     RouteKind.QUEUE: {"GET": RouteKind.QUEUE},
+    RouteKind.FILE: {"GET": RouteKind.FILE},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -92,6 +99,7 @@ class Match:
     kind: RouteKind
     model_id: str
     job_id: str | None = None
+    file: str | None = None  # a result file's name (RouteKind.FILE)
 
 
 #: Seconds an upstream that refused a connection is skipped (while others remain).
@@ -237,6 +245,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
                 return Match(RouteKind.RESULT, model_id, job)
             if rest[2:] == ["events"]:
                 return Match(RouteKind.EVENTS, model_id, job)
+            if len(rest) == 4 and rest[2] == "files" and rest[3]:
+                return Match(RouteKind.FILE, model_id, job, rest[3])
         return None
     entry = catalog.by_uri(path)
     if entry is not None:
@@ -308,4 +318,9 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         path += "/result"
     elif m.kind is RouteKind.EVENTS:
         path += "/events"
+    elif m.kind is RouteKind.FILE:
+        name = m.file or ""
+        if not _SAFE_FILE.match(name) or name in (".", ".."):
+            raise RouteError(404, f"file not found: {unquote(name)[:200]}")
+        path += f"/files/{name}"
     return Route(m.kind, entry, path, job)

@@ -58,7 +58,12 @@ from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
 from mortred_twisted.gateway.events import is_event_stream, relay
 from mortred_twisted.gateway.metrics import GatewayMetrics
-from mortred_twisted.gateway.rewrite import gateway_prefix, public_job_path, rewrite_job_urls
+from mortred_twisted.gateway.rewrite import (
+    gateway_prefix,
+    public_job_path,
+    rewrite_file_urls,
+    rewrite_job_urls,
+)
 from mortred_twisted.gateway.routing import (
     Route,
     RouteError,
@@ -87,6 +92,8 @@ _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
     RouteKind.EVENTS: b"last-event-id",
 }
+#: ... and a result file's conditional and range headers.
+_FORWARD_FILE = (b"range", b"if-none-match", b"if-range")
 #: Routes that name their caller to the model (every job route).
 _JOB_ROUTES = frozenset(
     {
@@ -98,6 +105,7 @@ _JOB_ROUTES = frozenset(
         RouteKind.LIST,
         RouteKind.EVENTS,
         RouteKind.QUEUE,
+        RouteKind.FILE,
     }
 )
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
@@ -324,6 +332,11 @@ class GatewayApp:
             values = get(extra)
             if values:
                 headers[extra] = values[:1]
+        if kind is RouteKind.FILE:
+            for name in _FORWARD_FILE:
+                values = get(name)
+                if values:
+                    headers[name] = values[:1]
         headers[b"x-request-id"] = [rid]
         if self._auth_header is not None:
             headers[b"authorization"] = self._auth_header
@@ -431,6 +444,8 @@ class GatewayApp:
         elif code in _REWRITTEN.get(kind, ()):
             # The model repeats poll_url/result_url in job views: keep them public too.
             body = rewrite_job_urls(body, route.entry.id)
+        elif kind is RouteKind.RESULT and code == 200:  # result files' URLs
+            body = rewrite_file_urls(body, gateway_prefix(route.entry.id))
         request.setHeader(b"Content-Length", b"%d" % len(body))
         self.metrics.hot.count(kind.value, str(code))
         return body

@@ -40,7 +40,7 @@ from werkzeug.exceptions import MethodNotAllowed
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.events import relay
-from mortred_twisted.gateway.rewrite import rewrite_urls, supervisor_prefix
+from mortred_twisted.gateway.rewrite import rewrite_file_urls, rewrite_urls, supervisor_prefix
 from mortred_twisted.http.route_request import (
     RouteRequest,
     match_endpoint,
@@ -63,6 +63,11 @@ JSON = b"application/json; charset=utf-8"
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 _JOB_PART = ("", "/wait", "/result")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}")
+#: a result file's request headers forwarded to the model, and answer headers back
+_FILE_REQUEST = (b"range", b"if-none-match", b"if-range")
+_FILE_ANSWER = (b"content-type", b"etag", b"content-range", b"accept-ranges",
+                b"cache-control", b"x-request-id")  # fmt: skip
 _LIST_QUERY = (b"state", b"limit", b"cursor")
 #: A client's X-Request-ID is echoed only if it is a short visible-ASCII token.
 _REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
@@ -349,6 +354,37 @@ class SupervisorApi:
             return self._events(request, server_id, job)
         return self._job(request, server_id, job, "/" + part)
 
+    @app.route("/api/v1/jobs/<server_id>/<job>/files/<name>", methods=["GET"])
+    def job_file(self, request: Any, server_id: str, job: str, name: str) -> Any:
+        """The model's ``/jobs/{job}/files/{name}`` (its bytes and headers as they
+        are: ranges, ETag, 304)."""
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None or not _JOB_ID.fullmatch(job) or not _FILE_NAME.fullmatch(name):
+            return _json(request, 404, {"error": "not found"})
+        url = f"{entry.base_url}/jobs/{job}/files/{name}"
+        return defer.Deferred.fromCoroutine(self._file(request, url, server_id))
+
+    async def _file(self, request: Any, url: str, server_id: str) -> bytes:
+        headers: dict[bytes, list[bytes]] = {}
+        for name in _FILE_REQUEST:
+            values = request.requestHeaders.getRawHeaders(name)
+            if values:
+                headers[name] = values[:1]
+        if self.internal_token:
+            headers[b"authorization"] = [b"Bearer " + self.internal_token.encode()]
+        try:
+            response = await self.proxy.request("GET", url, headers, None)
+        except UpstreamError as e:
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+        request.setResponseCode(response.code)
+        for name in _FILE_ANSWER:
+            values = response.headers.getRawHeaders(name)
+            if values and values != [b""]:
+                request.responseHeaders.setRawHeaders(name, values)
+        return response.body
+
     def _job(self, request: Any, server_id: str, job: str, part: str, method: str = "GET") -> Any:
         if not self._authorized(request):
             return self._deny(request)
@@ -411,7 +447,8 @@ class SupervisorApi:
             values = response.headers.getRawHeaders(name)
             if values and values != [b""]:
                 request.responseHeaders.setRawHeaders(name, values)
-        return rewrite_urls(response.body, supervisor_prefix(server_id))
+        prefix = supervisor_prefix(server_id)
+        return rewrite_file_urls(rewrite_urls(response.body, prefix), prefix)
 
 
 class SupervisorPort:

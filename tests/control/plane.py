@@ -144,16 +144,19 @@ def control_plane(
     supervisor_toml: str = "",
     env: Mapping[str, str] | None = None,
     recv_timeout_ms: int = 180000,
+    catalog_dir: Path | None = None,
 ) -> Iterator[ControlPlane]:
-    """Start a supervisor that runs the gateway and ``models`` (others disabled)."""
-    entries, problems = discover(ROOT / "conf" / "server", ROOT)
+    """Start a supervisor that runs the gateway and ``models`` (others disabled) of
+    ``catalog_dir`` (the shipped ``conf/server`` by default)."""
+    catalog = catalog_dir or ROOT / "conf" / "server"
+    entries, problems = discover(catalog, ROOT)
     assert not problems, problems
     api_port, gw_port = free_port(), free_port()
     ports = {e.id: free_port() for e in entries if e.id in models}
     log_dir = tmp / "logs"
     lines = [
         "[supervisor]",
-        f'catalog_dir = "{ROOT / "conf" / "server"}"',
+        f'catalog_dir = "{catalog}"',
         f"api_port = {api_port}",
         f'log_dir = "{log_dir}"',
         "probe_interval_ms = 100",

@@ -89,3 +89,16 @@ def test_key_inside_a_string_is_not_rewritten() -> None:
     body = json.dumps({"error": 'x "poll_url": "/jobs/a"', "poll_url": "/jobs/b"}).encode()
     out = json.loads(rewrite_job_urls(body, "M"))
     assert out == {"error": 'x "poll_url": "/jobs/a"', "poll_url": "/v1/models/M/jobs/b"}
+
+
+def test_result_file_urls_move_under_the_public_prefix() -> None:
+    """Each result file's compact ``"url":"/jobs/…"`` is rewritten; an escaped one
+    inside a string value is not."""
+    from mortred_twisted.gateway.rewrite import gateway_prefix, rewrite_file_urls
+
+    body = b'{"data":{"a":{"url":"/jobs/j/files/a.png"},"s":"{\\"url\\":\\"/jobs/x\\"}"}}'
+    out = rewrite_file_urls(body, gateway_prefix("M"))
+    assert out == (
+        b'{"data":{"a":{"url":"/v1/models/M/jobs/j/files/a.png"},"s":"{\\"url\\":\\"/jobs/x\\"}"}}'
+    )
+    assert rewrite_file_urls(b'{"data":1}', gateway_prefix("M")) == b'{"data":1}'

@@ -125,3 +125,21 @@ def test_list_query_keeps_only_its_keys() -> None:
         "state=a%2Cb&limit=3&cursor=c+1"
     )
     assert list_query("x=%2F..&&=") == ""
+
+
+def test_a_result_file_maps_to_the_models_files_route() -> None:
+    """GET /v1/models/<id>/jobs/<job>/files/<name> -> GET /jobs/<job>/files/<name>."""
+    m = match("/v1/models/DDPM/jobs/job_1/files/output-0.png", CATALOG)
+    assert m is not None
+    route = resolve(check_method(m, "GET"), CATALOG)
+    assert (route.kind, route.upstream_path) == (RouteKind.FILE, "/jobs/job_1/files/output-0.png")
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".meta", "..%2F..%2Fetc%2Fpasswd", "%2e%2e", "a%00b"])
+def test_hostile_file_names_never_reach_upstream(name: str) -> None:
+    """File names that could leave the job's directory are answered 404 locally."""
+    m = match(f"/v1/models/DDPM/jobs/job_1/files/{name}", CATALOG)
+    assert m is not None
+    with pytest.raises(RouteError) as e:
+        resolve(m, CATALOG)
+    assert e.value.status == 404 and "file not found" in e.value.message

@@ -1,0 +1,150 @@
+"""Result files end to end (issue 26 item 3): an SDK model returning an ``Image`` and
+a list of ``File``s, served by a real model-server process under the supervisor,
+through the gateway (``/v1/models/<id>/jobs/<job>/files/<name>``, URLs rewritten in
+the result, ranges, ETag, another API key's files as 404) and the supervisor's job
+relay (``/api/v1/jobs/<id>/<job>/files/<name>``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mortred_twisted.gateway.apikeys import hash_key
+from tests.support.servers import model_server
+
+from .plane import API_TOKEN, ControlPlane, control_plane
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SDK_FILES"
+JOBS = f"/v1/models/{MODEL}/jobs"
+SERVER_TOML = f"""
+[server]
+id = "{MODEL}"
+category = "sdk"
+host = "127.0.0.1"
+port = 18998
+server_uri = "/sdk/files/infer"
+worker_nums = 1
+async_enabled = true
+async_job_ttl = 60000
+
+[model]
+type = "tests.e2e.sdk_models.files_model:Pack"
+"""
+KEYS = ("alice", "bob")
+SDK_MODELS = Path(__file__).resolve().parents[1] / "e2e" / "sdk_models"
+
+
+def start_plane(tmp: Path) -> Iterator[ControlPlane]:
+    """A supervisor running the gateway and the files model (keys alice, bob)."""
+    catalog = tmp / "catalog"
+    catalog.mkdir()
+    (catalog / "files.toml").write_text(SERVER_TOML)
+    (tmp / "api_keys.toml").write_text(
+        "".join(
+            f'[[keys]]\nname = "{k}"\nsha256 = "{hash_key(k + "-key")}"\nscope = "inference"\n'
+            for k in KEYS
+        )
+    )
+    with control_plane(tmp, [MODEL], catalog_dir=catalog) as cp:
+        cp.wait_ready(["gateway", MODEL])
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def files_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    yield from start_plane(tmp_path_factory.mktemp("files"))
+
+
+def gw(plane: ControlPlane, who: str, method: str, path: str, **kw: Any) -> tuple[int, Any, bytes]:
+    code, headers, body, _ = plane.gw(method, path, token=f"{who}-key", **kw)
+    return code, headers, body
+
+
+def finished_job(plane: ControlPlane, who: str, params: dict[str, Any]) -> tuple[str, Any]:
+    """Submit through the gateway, wait, read the result: (job id, data)."""
+    code, _h, body = gw(plane, who, "POST", JOBS, body={"params": params})
+    assert code == 202, body
+    job = json.loads(body)["job_id"]
+    code, _h, body = gw(plane, who, "GET", f"{JOBS}/{job}/wait?timeout=30000")
+    assert code == 200 and json.loads(body)["state"] == "done", body
+    code, _h, body = gw(plane, who, "GET", f"{JOBS}/{job}/result")
+    assert code == 200, body
+    return job, json.loads(body)["data"]
+
+
+def test_files_through_the_gateway(files_plane: ControlPlane) -> None:
+    """The result's URLs are the gateway's; each file comes back whole with its type,
+    length and ETag; a range is a 206; If-None-Match a 304; bob gets 404s."""
+    job, data = finished_job(files_plane, "alice", {"n": 3, "size": 1000})
+    urls = [data["picture"]["url"]] + [n["url"] for n in data["notes"]]
+    assert urls == [
+        f"{JOBS}/{job}/files/picture.png",
+        *(f"{JOBS}/{job}/files/notes-{i}.txt" for i in range(3)),
+    ]
+    for described in [data["picture"], *data["notes"]]:
+        code, headers, body = gw(files_plane, "alice", "GET", described["url"])
+        assert code == 200, body
+        assert hashlib.sha256(body).hexdigest() == described["sha256"]
+        assert headers["content-type"] == described["content_type"]
+        assert headers["content-length"] == str(described["size"])
+        assert headers["etag"] == f'"{described["sha256"]}"'
+        assert gw(files_plane, "bob", "GET", described["url"])[0] == 404
+    note = data["notes"][2]
+    code, headers, body = gw(files_plane, "alice", "GET", note["url"],
+                             headers={"Range": "bytes=10-19"})  # fmt: skip
+    assert code == 206 and headers["content-range"] == "bytes 10-19/1000"
+    assert body == (b"note 2 " * 1000)[10:20]
+    code, _h, body = gw(files_plane, "alice", "GET", note["url"],
+                        headers={"If-None-Match": f'"{note["sha256"]}"'})  # fmt: skip
+    assert (code, body) == (304, b"")
+    assert gw(files_plane, "alice", "GET", f"{JOBS}/{job}/files/missing.txt")[0] == 404
+
+
+def test_a_large_file_comes_back_whole(files_plane: ControlPlane) -> None:
+    """A 6 MB file: the whole body, its Content-Length and sha256."""
+    _job, data = finished_job(files_plane, "alice", {"n": 1, "size": 6_000_000})
+    note = data["notes"][0]
+    code, headers, body = gw(files_plane, "alice", "GET", note["url"])
+    assert code == 200 and len(body) == 6_000_000
+    assert headers["content-length"] == "6000000"
+    assert hashlib.sha256(body).hexdigest() == note["sha256"]
+
+
+def test_files_straight_from_a_model_server_process() -> None:
+    """A model server process on its own (the model named by file path, memory store)
+    serves its jobs' files: the URL in the result, the bytes, a traversal as 404."""
+    with model_server(SDK_MODELS / "files.toml") as server:
+        status, doc = server.json("POST", "/jobs", {"params": {"n": 2, "size": 5}})
+        assert status == 202, doc
+        job = doc["job_id"]
+        status, done = server.json("GET", f"/jobs/{job}/wait?timeout=20000")
+        assert done["state"] == "done", done
+        _, result = server.json("GET", f"/jobs/{job}/result")
+        url = result["data"]["notes"][1]["url"]
+        assert url == f"/jobs/{job}/files/notes-1.txt"
+        code, headers, body = server.request("GET", url)
+        assert (code, body) == (200, b"note ")
+        assert headers["etag"] == f'"{hashlib.sha256(b"note ").hexdigest()}"'
+        assert server.request("GET", f"/jobs/{job}/files/..%2F..%2Fetc%2Fpasswd")[0] == 404
+
+
+def test_files_through_the_supervisors_relay(files_plane: ControlPlane) -> None:
+    """The supervisor's job relay rewrites the result's URLs under /api/v1/jobs and
+    serves the files (the operator's view: every job)."""
+    job, data = finished_job(files_plane, "alice", {"n": 1, "size": 20})
+    code, _h, body, _ = files_plane.api("GET", f"/api/v1/jobs/{MODEL}/{job}/result",
+                                        token=API_TOKEN)  # fmt: skip
+    assert code == 200, body
+    url = json.loads(body)["data"]["notes"][0]["url"]
+    assert url == f"/api/v1/jobs/{MODEL}/{job}/files/notes-0.txt"
+    code, headers, body, _ = files_plane.api("GET", url, token=API_TOKEN,
+                                             headers={"Range": "bytes=-4"})  # fmt: skip
+    assert code == 206 and body == (b"note 0 " * 20)[16:20]
+    assert headers["etag"] == f'"{data["notes"][0]["sha256"]}"'
