@@ -315,6 +315,25 @@ class MemoryServer:
         """``GET /jobs/{id}/files/{name}``: a result file, as it came."""
         return self.request("GET", f"/jobs/{job_id}/files/{name}", headers=headers)
 
+    def events(self, job_id: str) -> list[tuple[str, Any]]:
+        """``GET /jobs/{id}/events`` of an ended job (the stream then ends): each
+        event's name and JSON data, in order (the model's own events after the
+        job's ``state``/``progress``/terminal ones, as the server replays them)."""
+        answer = self._ok("events", self.request("GET", f"/jobs/{job_id}/events"))
+        out: list[tuple[str, Any]] = []
+        for record in answer.body.decode("utf-8").split("\n\n"):
+            name, data = "message", []
+            for line in record.split("\n"):
+                field, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if field == "event":
+                    name = value
+                elif field == "data":
+                    data.append(value)
+            if data:
+                out.append((name, _json.loads("\n".join(data))))
+        return out
+
     def run(self, params: Mapping[str, Any] | None = None, **inputs: Any) -> dict[str, Any]:
         """Submit, wait, and return the result's envelope (HTTPStatusError when a
         step is refused or the job does not end ``done``)."""

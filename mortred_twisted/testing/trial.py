@@ -37,7 +37,10 @@ class DeferredServer:
     """A :class:`MemoryServer` whose job-API calls return Deferreds (``server``: the
     server itself, for its clock and runtime)."""
 
-    _CALLS = ("submit", "status", "wait", "result", "cancel", "file", "run", "files_of", "request")
+    _CALLS = (
+        "submit", "status", "wait", "result", "cancel", "file", "events", "run", "files_of",
+        "request",
+    )  # fmt: skip
 
     def __init__(self, server: MemoryServer) -> None:
         self.server = server

@@ -59,8 +59,13 @@ def test_a_cancel_stops_the_stream() -> None:
 
 
 def test_its_server_toml_serves_it() -> None:
-    """examples/patterns/server.toml serves it; the job's result lists its frames."""
+    """examples/patterns/server.toml serves it; the result lists its frames, the event
+    stream has a preview and an output per frame."""
     with MemoryServer.from_config(EXAMPLE / "server.toml") as server:
-        doc = server.run(width=16, height=16, frames=2, palette="ocean")
+        job = server.submit(width=16, height=16, frames=2, palette="ocean").json()["job_id"]
+        assert server.wait(job)["state"] == "done"
+        doc = server.result(job)
         assert len(doc["data"]) == 2
         assert len(server.files_of(doc["data"])) == 2
+        names = [name for name, _ in server.events(job)]
+        assert names.count("preview") == 2 and names.count("output") == 2

@@ -129,3 +129,14 @@ def test_a_numpy_array_is_submitted_as_a_png() -> None:
     with MemoryServer(models.Inverts) as server:
         job = server.submit(image=np.zeros((3, 3, 3), dtype=np.uint8), steps=1).json()
         assert server.wait(job["job_id"])["state"] == "done"
+
+
+def test_the_event_stream_of_an_ended_job_lists_the_models_events() -> None:
+    """A streaming model's previews and outputs are on the job's stream after done."""
+    with MemoryServer(models.Frames) as server:
+        job = server.submit(n=2).json()["job_id"]
+        server.wait(job)
+        events = server.events(job)
+    assert events[0][0] == "done"
+    assert [name for name, _ in events[1:]] == ["preview", "output", "preview", "output"]
+    assert events[1][1] == {"frame": 0} and events[2][1]["name"] == "output-0.txt"
