@@ -373,23 +373,40 @@ class EventFollow:
     reconnect starts again with the current state, which the caller may have seen).
     """
 
-    def __init__(self, last_event_id: str | None = None) -> None:
+    def __init__(self, last_event_id: str | None = None, *, model_events: bool = False) -> None:
         self.last_event_id = last_event_id
         self.ended = False
+        self.model_events = model_events
         self._last_key: tuple[Any, ...] | None = None
+        self._last_status: JobStatus | None = None
+        self._last_model = 0
 
     def accept(self, event: SseEvent) -> JobEvent | None:
-        """The job event of ``event``, or ``None`` (not a status, or a repeat)."""
+        """The job event of ``event``, or ``None`` (not a status, or a repeat; a
+        model's own event unless ``model_events``)."""
+        if event.id is not None and event.id.startswith("m"):  # a model's event (m<n>)
+            if not self.model_events or self._last_status is None:
+                return None
+            try:  # a reopened stream sends the kept ones again: skip those seen
+                number = int(event.id[1:])
+                data = json.loads(event.data)
+            except ValueError:
+                return None
+            if number <= self._last_model:
+                return None
+            self._last_model = number
+            return JobEvent(event.event, event.id, self._last_status, data, model_event=True)
         try:
             doc = json.loads(event.data)
             status = JobStatus.from_json(doc)
         except (ValueError, KeyError, TypeError):
             return None
-        if event.id is not None:
+        if event.id is not None:  # a status event's id: where a reconnect resumes
             self.last_event_id = event.id
         key = (status.state, status.progress, status.cancel_requested)
         if key == self._last_key:
             return None
         self._last_key = key
+        self._last_status = status
         self.ended = status.terminal
         return JobEvent(event.event, event.id, status)

@@ -287,16 +287,20 @@ class Job:
         api = self.client.api
         return self._seen(read_status(self.client.call(api.cancel(self.poll_url))))
 
-    def events(self, last_event_id: str | None = None) -> Iterator[JobEvent]:
+    def events(
+        self, last_event_id: str | None = None, *, model_events: bool = False
+    ) -> Iterator[JobEvent]:
         """The job's live events (``state``, ``progress``, then the terminal one), as
         they happen; ends after the terminal event.
 
         A stream that drops (connection reset, cut, or ended early) is reopened with
         ``Last-Event-ID``, after the retry policy's backoff; events that repeat the
         last status are skipped. Leaving the loop early closes the stream.
+        ``model_events``: also yield the events a model declared with the server's
+        SDK emits (``preview``, ``output``; :attr:`JobEvent.model_event`), each once.
         """
         client = self.client
-        follow = EventFollow(last_event_id)
+        follow = EventFollow(last_event_id, model_events=model_events)
         attempts = client.retry.start(client._clock(), client._rng)
         while True:
             call = client.api.events(self.poll_url, follow.last_event_id)

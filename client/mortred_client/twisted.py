@@ -345,13 +345,16 @@ class TwistedJob:
 
         return defer.Deferred.fromCoroutine(go())
 
-    async def events(self, last_event_id: str | None = None) -> AsyncIterator[JobEvent]:
+    async def events(
+        self, last_event_id: str | None = None, *, model_events: bool = False
+    ) -> AsyncIterator[JobEvent]:
         """The job's live events until the terminal one (``async for``), resumed with
         ``Last-Event-ID`` after a dropped stream (see ``Job.events``). Leaving the
-        loop early aborts the stream (use ``contextlib.aclosing`` to do it at once)."""
+        loop early aborts the stream (use ``contextlib.aclosing`` to do it at once).
+        ``model_events``: also yield an SDK model's own events (``preview``, ``output``)."""
         client = self.client
         clock = client.reactor.seconds
-        follow = EventFollow(last_event_id)
+        follow = EventFollow(last_event_id, model_events=model_events)
         attempts = client.retry.start(clock(), client._rng)
         while True:
             call = client.api.events(self.poll_url, follow.last_event_id)

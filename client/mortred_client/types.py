@@ -150,12 +150,19 @@ class JobPage:
 @dataclass(frozen=True)
 class JobEvent:
     """One server-sent event of a job: ``name`` is ``state``, ``progress`` or the
-    terminal state; ``id`` the stream's sequence; ``status`` the job's status."""
+    terminal state; ``id`` the stream's sequence; ``status`` the job's status.
+
+    With ``events(model_events=True)``, a model declared with the server's SDK also
+    sends its own events (``preview``, ``output``, …): ``model_event`` is then True,
+    ``data`` holds what the model emitted (JSON; an image or file as its result-file
+    description) and ``status`` is the last status seen before it."""
 
     name: str
     id: str | None
     status: JobStatus
+    data: Any = None
+    model_event: bool = False
 
     @property
     def terminal(self) -> bool:
-        return self.status.terminal
+        return not self.model_event and self.status.terminal

@@ -44,3 +44,30 @@ def test_incomplete_event_waits() -> None:
     assert parser.feed(b"data: half") == []
     assert parser.feed(b"\n") == []
     assert parser.feed(b"\n") == [SseEvent("message", "half", None)]
+
+
+def test_a_models_own_events_are_followed_once_when_asked() -> None:
+    """preview/output events (ids m<n>) come with the last status, once each, even
+    when a reopened stream sends them again; without model_events they are skipped."""
+    from mortred_client.protocol import EventFollow
+
+    status = '{"job_id":"job_1","state":"running","progress":{"step":1,"total":3}}'
+    events = [
+        SseEvent("state", status, "1"),
+        SseEvent("preview", '{"frame":0}', "m1"),
+        SseEvent("output", '{"name":"output-0.png"}', "m2"),
+        SseEvent("state", status, "1"),  # the stream reopened: status again
+        SseEvent("preview", '{"frame":0}', "m1"),
+        SseEvent("output", '{"name":"output-0.png"}', "m2"),
+        SseEvent("preview", '{"frame":1}', "m3"),
+    ]
+    follow = EventFollow(model_events=True)
+    seen = [e for e in (follow.accept(s) for s in events) if e is not None]
+    assert [(e.name, e.data) for e in seen if e.model_event] == [
+        ("preview", {"frame": 0}),
+        ("output", {"name": "output-0.png"}),
+        ("preview", {"frame": 1}),
+    ]
+    assert all(e.status.state == "running" and not e.terminal for e in seen)
+    plain = EventFollow()
+    assert [e.name for e in (plain.accept(s) for s in events) if e is not None] == ["state"]
