@@ -38,6 +38,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mortred_twisted.http.answers import EarlyResponse, refusal_bytes
+from mortred_twisted.http.request_checks import RATE_TAKEN
 from mortred_twisted.http.route_request import RouteRequest, route_with_klein
 from mortred_twisted.http11.auth import is_loopback_host_header
 from mortred_twisted.http11.messages import HeaderMap, Refusal, ServerRequest
@@ -213,10 +214,21 @@ class ModelPortFactory(HTTPServerFactory):
     def judge_head(self, request: ServerRequest, length: int) -> Refusal | None:
         """From the head of a request with a body: the model server's own decision
         (404 → 405 → 401 → 415 → 413, :meth:`~mortred_twisted.http.request_checks.
-        RequestChecks.refuse_from_head`), shaped as the route would answer it."""
-        answer = self._checks.refuse_from_head(
+        RequestChecks.refuse_from_head`), then for a POST the per-client rate limit
+        (429; its token taken here, not again by the route), shaped as the route
+        would answer it."""
+        checks = self._checks
+        answer = checks.refuse_from_head(
             request.method, request.uri, request.requestHeaders, length
         )
+        if answer is None and request.method == b"POST":
+            # The per-client rate limit, from the head too: a client over it never
+            # has a body of up to request_size_limit read and parsed on the reactor.
+            err = checks.rate_limited(request)
+            if err is None:
+                request.decided = RATE_TAKEN
+                return None
+            answer = checks.early_response(request.uri, request.requestHeaders, err)
         return None if answer is None else self._refusal(request, answer)
 
     def too_large(self, request: ServerRequest, length: int) -> Refusal:

@@ -1,8 +1,8 @@
 """The model port's checks before a route runs: bearer auth, the POST pre-checks
 (401 → 415 → 413), the answer to a head that announces a body (404 → 405 → 401 →
-415 → 413, before any of it is read), readiness, per-client rate limits, envelope
-parsing plus model validation, routing errors, and per-request metrics (edge,
-reactor thread only)."""
+415 → 413, then 429 for a POST, before any of it is read), readiness, per-client
+rate limits, envelope parsing plus model validation, routing errors, and
+per-request metrics (edge, reactor thread only)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ from mortred_twisted.http11.auth import (
 )
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.model_runtime import ModelRuntime
+
+#: ``ServerRequest.decided`` of a POST whose rate-limit token was taken from its head
+#: (the route then takes none).
+RATE_TAKEN = "rate-limit-taken"
 
 
 class RequestChecks:
@@ -230,7 +234,11 @@ class RequestChecks:
         return str(getattr(request.getClientAddress(), "host", "unknown"))
 
     def rate_limited(self, request: IRequest) -> ApiError | None:
-        if self._rate_limiter is None:
+        """429 + Retry-After when the client is over ``rate_limit_qps`` (one token
+        taken), None to go on. A POST with a body took its token from the head
+        (``decided`` is :data:`RATE_TAKEN`, see :meth:`ModelPortFactory.judge_head
+        <mortred_twisted.http.model_port.ModelPortFactory.judge_head>`): none again."""
+        if self._rate_limiter is None or getattr(request, "decided", None) is RATE_TAKEN:
             return None
         retry = self._rate_limiter.acquire(self.client_ip(request), self.config.rate_limit_qps)
         if retry is None:

@@ -44,6 +44,8 @@ class RouteRequest:
         self.setHeader: Callable[[bytes, bytes], None] = proxy.setHeader
         self.content = proxy.content if proxy.content is not None else io.BytesIO(b"")
         self.code = 200
+        #: what the port decided from the head (``ServerRequest.decided``)
+        self.decided = proxy.decided
         self._args: dict[bytes, list[bytes]] | None = None
         #: Deferreds of :meth:`notifyFinish` (None until one is asked for)
         self.finish_waiters: list[Deferred[None]] | None = None
