@@ -65,12 +65,12 @@ class ModelTestMixin:
 
     def harness(self, target: Target | None = None, **kw: Any) -> ModelHarness:
         """The test's harness of ``target`` (default: ``model``), made once."""
+        chosen = target or self.model
+        if chosen is None:
+            raise ValueError("set the test case's model (or pass a target)")
         cache = self.__dict__.setdefault("_mortred_harnesses", {})
-        key = (target or self.model, tuple(sorted(kw.items())))
+        key = (chosen, repr(sorted(kw.items())))  # options may be a dict: not hashable
         if key not in cache:
-            chosen = target or self.model
-            if chosen is None:
-                raise ValueError("set the test case's model (or pass a target)")
             options = kw.pop("options", self.options)
             cache[key] = ModelHarness(chosen, options, **kw)
             self.addCleanup(cache[key].close)

@@ -65,3 +65,14 @@ class BatchTests(ModelTestCase):
         results = await self.run_batch([{"x": 1}, {"x": 13}])
         self.assertEqual([r.output for r in results], [2, None])
         self.assertIsInstance(results[1].error, ValueError)
+
+
+class OtherTargetTests(ModelTestCase):
+    model = models.Inverts
+
+    def test_a_harness_of_another_target_with_options(self) -> None:
+        """harness(target, options={...}) is made once per test and reused."""
+        first = self.harness(models.Inverts, options={"scale": 3.0})
+        self.assertIs(self.harness(models.Inverts, options={"scale": 3.0}), first)
+        self.assertEqual(first.options, {"scale": 3.0})
+        self.assertIsNot(self.harness(), first)
