@@ -310,8 +310,7 @@ class ModelRuntime:
             metrics=self.metrics,
             run_timeout_ms=cfg.model_run_timeout,
             max_queue_depth=cfg.max_queue_depth,
-            max_batch_size=cfg.max_batch_size,
-            max_batch_delay_ms=cfg.max_batch_delay_ms,
+            **self._batching(models[0] if models else None),
         )
         connected = getattr(self.store, "when_connected", None)
         if connected is None:
@@ -319,6 +318,22 @@ class ModelRuntime:
         else:  # a shared store: ready once it can be reached (the log says so)
             log.info("model {model} loaded; waiting for the job store", model=cfg.model_type)
             connected().addCallback(lambda _: self._mark_ready())
+
+    def _batching(self, model: Model | None) -> dict[str, Any]:
+        """The sync path's dynamic batching: the server file's ``max_batch_size`` when
+        above 1, else what an SDK model declares (``predict_batch`` with its class
+        attributes ``max_batch_size``/``batch_wait_ms``), else none."""
+        cfg = self.config
+        declaration = getattr(model, "declaration", None)
+        if cfg.max_batch_size > 1 or declaration is None or declaration.max_batch_size <= 1:
+            return {
+                "max_batch_size": cfg.max_batch_size,
+                "max_batch_delay_ms": cfg.max_batch_delay_ms,
+            }
+        return {
+            "max_batch_size": declaration.max_batch_size,
+            "max_batch_delay_ms": declaration.batch_wait_ms,
+        }
 
     def _mark_ready(self) -> None:
         cfg = self.config
