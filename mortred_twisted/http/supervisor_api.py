@@ -295,9 +295,15 @@ class SupervisorApi:
     @app.route("/api/v1/infer", methods=["POST"])
     def infer(self, request: Any) -> Any:
         """``{"server_id", "async"?: bool, images, params?, req_id?}`` → the model's
-        sync route, or its ``/jobs`` when ``async`` is true."""
+        sync route, or its ``/jobs`` when ``async`` is true. A ``multipart/form-data``
+        body (an SDK model's inputs as parts) names them in the query instead
+        (``?server_id=ID&async=1``) and is passed on as it is, with its Content-Type
+        (the model decides: a built-in family answers 415)."""
         if not self._authorized(request):
             return self._deny(request)
+        content_type = request.getHeader(b"content-type") or b""
+        if _is_form(content_type):
+            return self._infer_form(request, content_type)
         try:
             doc = json.loads(request.content.read() or b"{}")
             if not isinstance(doc, dict):
@@ -314,6 +320,40 @@ class SupervisorApi:
         return defer.Deferred.fromCoroutine(
             self._proxy(request, "POST", entry.base_url + path, server_id, body)
         )
+
+    def _infer_form(self, request: Any, content_type: bytes) -> Any:
+        server_id = request.args.get(b"server_id", [b""])[0].decode("utf-8", "replace")
+        use_async = request.args.get(b"async", [b""])[0].lower() in (b"1", b"true")
+        entry = self.catalog.get(server_id)
+        if entry is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        path = "/jobs" if use_async else entry.server_uri
+        body = request.content.read()
+        return defer.Deferred.fromCoroutine(
+            self._proxy(request, "POST", entry.base_url + path, server_id, body, content_type)
+        )
+
+    @app.route("/api/v1/models/<server_id>/openapi.json", methods=["GET"])
+    def model_openapi(self, request: Any, server_id: str) -> Any:
+        """The model's ``GET /openapi.json`` as it is (its declared inputs and outputs:
+        what the try-it panel builds its form from)."""
+        if not self._authorized(request):
+            return self._deny(request)
+        entry = self.catalog.get(server_id)
+        if entry is None:
+            return _json(request, 404, {"error": f"unknown server: {server_id}"})
+        url = f"{entry.base_url}/openapi.json"
+        return defer.Deferred.fromCoroutine(self._openapi(request, url, server_id))
+
+    async def _openapi(self, request: Any, url: str, server_id: str) -> bytes:
+        try:
+            response = await self.proxy.request("GET", url, {}, None)
+        except UpstreamError as e:
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+        request.setResponseCode(response.code)
+        request.setHeader(b"Content-Type", JSON)
+        request.setHeader(b"Cache-Control", b"no-store")
+        return bytes(response.body)
 
     @app.route("/api/v1/jobs/<server_id>", methods=["GET"])
     def jobs(self, request: Any, server_id: str) -> Any:
@@ -433,9 +473,15 @@ class SupervisorApi:
         return d.addCallback(head).addErrback(failed)
 
     async def _proxy(
-        self, request: Any, method: str, url: str, server_id: str, body: bytes | None
+        self,
+        request: Any,
+        method: str,
+        url: str,
+        server_id: str,
+        body: bytes | None,
+        content_type: bytes = b"application/json",
     ) -> bytes:
-        headers: dict[bytes, list[bytes]] = {b"content-type": [b"application/json"]}
+        headers: dict[bytes, list[bytes]] = {b"content-type": [content_type]}
         if self.internal_token:
             headers[b"authorization"] = [b"Bearer " + self.internal_token.encode()]
         try:
@@ -476,7 +522,7 @@ class SupervisorPort:
     def refuse_head(self, proxy: ServerRequest, length: int) -> bytes | None:
         """Before a body byte is read: 421 (Host), 404/405 (no such route or method),
         401 (every route that takes a body needs the token), 415 (the try-it proxy
-        takes JSON)."""
+        takes JSON or ``multipart/form-data``)."""
         refused = self._guard(proxy)
         if refused is not None:
             return refused
@@ -488,8 +534,13 @@ class SupervisorPort:
         if not self.api._authorized(proxy):
             return self.api._deny(proxy)
         content_type = proxy.getHeader(b"content-type") or b""
-        if endpoint == "infer" and not content_type.lower().startswith(b"application/json"):
-            return _json(proxy, 415, {"error": "content type must be application/json"})
+        if endpoint == "infer" and not (
+            content_type.lower().startswith(b"application/json") or _is_form(content_type)
+        ):
+            return _json(
+                proxy, 415,
+                {"error": "content type must be application/json or multipart/form-data"},
+            )  # fmt: skip
         return None
 
     def dispatch(self, proxy: ServerRequest) -> Any:
@@ -504,6 +555,11 @@ class SupervisorPort:
             method_not_allowed=lambda r, f: _method_not_allowed(r, f.value),
         )
         return settled(request, outcome)
+
+
+def _is_form(content_type: bytes) -> bool:
+    """A ``multipart/form-data`` Content-Type (the try-it form's SDK submits)."""
+    return content_type.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
 
 
 def _method_not_allowed(request: Any, exc: Any) -> bytes:
