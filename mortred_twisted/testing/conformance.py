@@ -101,18 +101,21 @@ class ConformanceError(AssertionError):
 
 _PROBE = r"""
 import json, sys
-target, base, params = sys.argv[1], sys.argv[2] or None, json.loads(sys.argv[3])
-from pathlib import Path
+job = json.loads(sys.stdin.read())
 from mortred_twisted.testing.harness import ModelHarness
-h = ModelHarness(target, base=base)
+h = ModelHarness(job["target"], job["options"], base=job["base"])
 after_import = "torch" in sys.modules
-h.validate(params)
+h.validate(job["params"])
 print(json.dumps({"after_import": after_import, "after_validate": "torch" in sys.modules,
                   "setups": h.setups}))
 """
 
 
-def _probe_imports(target: str, base: str | None, sample: Mapping[str, Any]) -> dict[str, Any]:
+def _probe_imports(
+    target: str, base: str | None, sample: Mapping[str, Any], options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Validate ``sample`` in a fresh interpreter (the job on its stdin: inputs may
+    be larger than a command-line argument may be); what it imported."""
     from mortred_twisted.testing.server import json_value
 
     package_root = str(Path(__file__).resolve().parents[2])
@@ -120,8 +123,11 @@ def _probe_imports(target: str, base: str | None, sample: Mapping[str, Any]) -> 
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, os.getcwd(), env.get("PYTHONPATH", "")) if p
     )
+    job = {"target": target, "base": base, "params": json_value(dict(sample)),
+           "options": dict(options)}  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, target, base or "", json.dumps(json_value(dict(sample)))],
+        [sys.executable, "-c", _PROBE],
+        input=json.dumps(job),
         capture_output=True,
         text=True,
         timeout=120,
@@ -164,7 +170,7 @@ def check(
     try:
         _check_validation(report, harness, sample)
         if isolated:
-            _check_imports(report, target, base, sample)
+            _check_imports(report, target, base, sample, dict(options or {}))
         with harness:
             _check_runs(report, harness, sample)
     except ModelLoadError as exc:
@@ -216,7 +222,11 @@ def _check_validation(
 
 
 def _check_imports(
-    report: ConformanceReport, target: Target, base: Any, sample: dict[str, Any]
+    report: ConformanceReport,
+    target: Target,
+    base: Any,
+    sample: dict[str, Any],
+    options: Mapping[str, Any],
 ) -> None:
     name = target_name(target)
     if isinstance(target, type) and (
@@ -225,7 +235,7 @@ def _check_imports(
         report.add("validation-imports", None, f"not checked: {name} cannot be imported by name")
         return
     try:
-        found = _probe_imports(name, str(base) if base is not None else None, sample)
+        found = _probe_imports(name, str(base) if base is not None else None, sample, options)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
         report.add("validation-imports", False, f"validating in a fresh interpreter failed: {exc}")
         return

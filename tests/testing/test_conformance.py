@@ -131,3 +131,15 @@ def test_a_class_that_cannot_be_imported_by_name_skips_the_fresh_interpreter_che
     report = conformance.check(Local)
     skipped = [c for c in report.checks if c.name == "validation-imports"]
     assert skipped[0].ok is None and "cannot be imported by name" in skipped[0].detail
+
+
+def test_the_fresh_interpreter_gets_large_inputs_and_the_options() -> None:
+    """A 300 kB input (more than one command-line argument may hold) and the model's
+    options reach the fresh interpreter's validation."""
+    report = conformance.check(
+        "tests.testing.models:TakesFiles",
+        inputs={"files": [b"x" * 300_000]},
+        options={"max_pixels": 64},
+    )
+    assert report.ok, str(report)
+    assert report.checks[2].name == "validation-imports" and report.checks[2].ok
