@@ -25,7 +25,7 @@ from mortred_client.errors import (
 )
 from mortred_client.retry import NO_RETRY, RetryPolicy
 from mortred_client.sync import Client, Job
-from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
+from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result, ResultFile
 
 __all__ = [
     "NO_RETRY",
@@ -47,6 +47,7 @@ __all__ = [
     "Progress",
     "QueueFull",
     "Result",
+    "ResultFile",
     "RetryPolicy",
     "ServerError",
     "TransportError",

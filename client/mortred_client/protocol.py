@@ -233,6 +233,12 @@ class Api:
         path = result_url or f"{poll_url}/result"
         return Call("GET", path, headers=self.headers(), on_job=True, what="result")
 
+    def file(self, url: str) -> Call:
+        """``GET`` a result file (its ``url`` from the result: relative to the base
+        URL; another origin gets no credential, as every link)."""
+        headers = (*tuple(h for h in self.headers() if h[0] != "Accept"), ("Accept", "*/*"))
+        return Call("GET", url, headers=headers, on_job=True, what="file")
+
     def cancel(self, poll_url: str) -> Call:
         """``DELETE`` the job: a cancel is idempotent, so it is repeatable."""
         return Call("DELETE", poll_url, headers=self.headers(), on_job=True, what="cancel")

@@ -7,10 +7,13 @@ Thread-safe: a client holds no connection between calls (see :mod:`._http`), and
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from mortred_client._http import HttpTransport
@@ -31,7 +34,7 @@ from mortred_client.protocol import (
 )
 from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
 from mortred_client.sse import SseParser
-from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
+from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result, ResultFile
 
 log = logging.getLogger("mortred_client")
 
@@ -201,6 +204,20 @@ class Client:
             path = self._infer_path = found
         return read_result(self.call(self.api.infer(doc, path)))
 
+    def download(self, file: ResultFile) -> bytes:
+        """The bytes of a result file (``Result.files()``): decoded when inline, else
+        fetched from its ``url`` with this client's credentials (only on the base
+        URL's origin) and retries; checked against its ``sha256`` (``ValueError``
+        when they differ)."""
+        data = file.inline_bytes()
+        if data is None:
+            if not file.url:
+                raise ValueError(f"result file {file.name}: neither url nor base64")
+            data = self.call(self.api.file(file.url)).body
+        if hashlib.sha256(data).hexdigest() != file.sha256:
+            raise ValueError(f"result file {file.name}: sha256 does not match")
+        return data
+
     def queue(self) -> Any:
         """The model's queue (``GET /queue``): its JSON. :class:`~.errors.NotSupported`
         when the server has no such route."""
@@ -280,6 +297,15 @@ class Job:
                 raise JobFailed(status) from None
             raise
 
+    def download_files(
+        self, directory: str | os.PathLike[str], *, wait: bool = False,
+        timeout: float | None = None,
+    ) -> list[Path]:  # fmt: skip
+        """Write every result file of this (done) job into ``directory`` (made if
+        needed) under its own name; the paths written, in the result's order."""
+        result = self.result(wait=wait, timeout=timeout)
+        return save_files(self.client, result.files(), directory)
+
     def cancel(self) -> JobStatus:
         """Cancel: a pending job ends ``cancelled`` at once, a running one is asked to
         stop (``cancel_requested``; :meth:`wait` for its end). Raises
@@ -348,3 +374,22 @@ class Job:
                 failure, delay, follow.last_event_id,
             )  # fmt: skip
             client._sleep(delay)
+
+
+def save_files(
+    client: Client, files: Iterable[ResultFile], directory: str | os.PathLike[str]
+) -> list[Path]:
+    """Download each of ``files`` into ``directory`` under its name (a name that is
+    not a plain file name, e.g. with ``/`` or a leading dot, is refused with
+    ``ValueError``: a server cannot write outside ``directory``)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for file in files:
+        name = file.name
+        if not name or name != os.path.basename(name) or name.startswith(".") or "\\" in name:
+            raise ValueError(f"result file name refused: {name!r}")
+        path = out / name
+        path.write_bytes(client.download(file))
+        written.append(path)
+    return written

@@ -105,6 +105,15 @@ class Result:
             raw=doc,
         )
 
+    def files(self) -> list[ResultFile]:
+        """The result files an SDK model's output names (``Image``/``File`` outputs,
+        at any depth of ``data``), in the order they appear: each with its ``url``
+        (stored with the job; fetch it with ``Client.download``) or its ``base64``
+        (inline: ``Prefer: return=inline``, the sync path)."""
+        found: list[ResultFile] = []
+        _collect_files(self.data, found)
+        return found
+
     def images(self) -> list[bytes]:
         """The output images (``data.images``, base64 PNGs) decoded to bytes; empty
         when the model outputs none."""
@@ -126,6 +135,46 @@ class Result:
         import numpy as np
 
         return [np.asarray(img) for img in self.pil_images()]
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One result file as a result describes it (see :meth:`Result.files`)."""
+
+    name: str
+    content_type: str
+    size: int
+    sha256: str
+    url: str | None = None
+    base64: str | None = None
+
+    def inline_bytes(self) -> bytes | None:
+        """The bytes of an inline file (None for one stored with the job)."""
+        return None if self.base64 is None else _b64decode(self.base64)
+
+
+_FILE_KEYS = frozenset({"name", "content_type", "size", "sha256"})
+
+
+def _collect_files(value: Any, out: list[ResultFile]) -> None:
+    if isinstance(value, dict):
+        if value.keys() >= _FILE_KEYS and ("url" in value or "base64" in value):
+            out.append(
+                ResultFile(
+                    name=str(value["name"]),
+                    content_type=str(value["content_type"]),
+                    size=int(value["size"]),
+                    sha256=str(value["sha256"]),
+                    url=value.get("url"),
+                    base64=value.get("base64"),
+                )
+            )
+            return
+        for item in value.values():
+            _collect_files(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_files(item, out)
 
 
 def _b64decode(text: str) -> bytes:
