@@ -342,7 +342,14 @@ def _wait(job: Job, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_jobs_result(args: argparse.Namespace, out: TextIO) -> int:
-    _print_json(_job(args, args.job_url).result().raw, out)
+    job = _job(args, args.job_url)
+    result = job.result()
+    _print_json(result.raw, out)
+    if args.output:  # an SDK job's result files, each under its own name
+        from mortred_client.sync import save_files
+
+        for path in save_files(job.client, result.files(), args.output):
+            sys.stderr.write(f"wrote {path}\n")
     return EXIT_OK
 
 
@@ -436,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     jw.set_defaults(fn=cmd_jobs_wait)
     jr = jobs.add_parser("result", help="a done job's envelope")
     jr.add_argument("job_url")
+    jr.add_argument("-o", "--output", metavar="DIR", help="write the result files into DIR")
     jr.set_defaults(fn=cmd_jobs_result)
 
     def job_ref(a: argparse.ArgumentParser) -> None:

@@ -148,3 +148,23 @@ def test_files_through_the_supervisors_relay(files_plane: ControlPlane) -> None:
                                              headers={"Range": "bytes=-4"})  # fmt: skip
     assert code == 206 and body == (b"note 0 " * 20)[16:20]
     assert headers["etag"] == f'"{data["notes"][0]["sha256"]}"'
+
+
+def test_mortredctl_writes_a_jobs_files(files_plane: ControlPlane, tmp_path: Path) -> None:
+    """``mortredctl jobs result <job URL> -o DIR`` prints the envelope and writes each
+    result file under its name, through the gateway with the caller's key."""
+    import io
+
+    from mortred_twisted.cli.mortredctl import main
+
+    job, data = finished_job(files_plane, "alice", {"n": 2, "size": 7})
+    out = io.StringIO()
+    gateway = f"http://127.0.0.1:{files_plane.gw_port}"
+    code = main(["--gateway", gateway, "--gateway-token", "alice-key", "jobs", "result",
+                 f"{JOBS}/{job}", "-o", str(tmp_path / "out")], out=out)  # fmt: skip
+    assert code == 0
+    assert json.loads(out.getvalue())["data"]["count"] == 2
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["notes-0.txt", "notes-1.txt", "picture.png"]
+    assert (tmp_path / "out" / "notes-1.txt").read_bytes() == b"note 1 "
+    assert data["notes"][1]["size"] == 7
