@@ -54,12 +54,15 @@ OPTIONAL_OUTPUTS: Mapping[str, Any] = {
 
 
 def _catalog() -> dict[str, CatalogEntry]:
-    """The first catalog entry of each model type."""
+    """The first catalog entry of each built-in model type (an SDK model named by its
+    file or module, ``path.py:Class``, such as conf/server/examples/, is checked by
+    tests/examples and the conformance check)."""
     entries, problems = discover(ROOT / "conf" / "server", ROOT)
     assert not problems, problems
     by_type: dict[str, CatalogEntry] = {}
     for entry in entries:
-        by_type.setdefault(entry.model_type, entry)
+        if ":" not in entry.model_type:
+            by_type.setdefault(entry.model_type, entry)
     return by_type
 
 
