@@ -239,3 +239,40 @@ def test_prefers_inline() -> None:
     assert prefers_inline(b"respond-async, return=inline")
     assert not prefers_inline(b"return=minimal")
     assert not prefers_inline(None)
+
+
+def test_maintain_removes_the_files_of_expired_jobs(served: Any) -> None:
+    """Past async_job_ttl the job goes at the next upkeep, and its files with it."""
+    app, clock, threads, stub = served
+    job, data = run_job(app, clock, threads, stub)
+    root = app.runtime.result_files.root
+    assert os.listdir(root) == [job]
+    clock.advance(app.config.async_job_ttl / 1000.0 + 1)
+    app.runtime.maintain()
+    assert os.listdir(root) == []
+    assert call(stub, "GET", data["picture"]["url"])[0] == 404
+
+
+def test_where_result_files_live(tmp_path: Any) -> None:
+    """Memory store: a private directory (None here); Redis: <root>/var/results/<id>,
+    or result_files_dir/<id> (each id its own, so sweeps never meet)."""
+    from pathlib import Path
+
+    def runtime(**server: Any) -> ModelRuntime:
+        doc = {"server": {"id": "F", "async_enabled": True, **server}, "model": {"type": MODEL}}
+        config = build_server_config(doc, env={}, root=tmp_path)
+        return ModelRuntime(config, clock=Clock(), threads=HandThreads())
+
+    assert runtime().result_files_dir() is None
+    assert runtime(job_store="redis").result_files_dir() == Path(tmp_path) / "var/results/F"
+    shared = runtime(job_store="redis", result_files_dir="shared").result_files_dir()
+    assert shared == Path(tmp_path) / "shared/F"
+    assert runtime(result_files_dir="shared").result_files_dir() == Path(tmp_path) / "shared/F"
+
+
+def test_output_files_is_checked() -> None:
+    """An unknown output_files value stops the server at load."""
+    from mortred_twisted.config.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors, match="output_files"):
+        build_server_config({"server": {"id": "F", "output_files": "s3"}, "model": {}}, env={})
