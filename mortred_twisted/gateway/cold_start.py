@@ -4,8 +4,9 @@
 When every upstream of an autoscaled model id refused the connection (its
 replicas were scaled to zero, or are still starting), the gateway does not answer
 503 at once: it asks the supervisor to start one (``POST /api/v1/autoscale/<id>/
-wake``, one call in flight per id, shared by every held request) and forwards the
-request to the replica the answer names, once it is ready. A submit held this way
+wake``, one call per held request: the supervisor counts them as load, so a burst
+that arrives at zero starts the replicas it needs, not one) and forwards the request
+to the replica the answer names, once it is ready. A submit held this way
 gets its 202 when the first replica is up and has admitted it (the job is then in
 the shared Redis store like any other); the body was read before the first try,
 so nothing is sent twice.
@@ -70,7 +71,6 @@ class ColdStart:
         self.waiting: dict[str, int] = dict.fromkeys(self.settings, 0)
         self.held = 0
         self.refused = 0
-        self._calls: dict[str, defer.Deferred[Woken]] = {}
         self._startup_s: dict[str, float] = {}
 
     def covers(self, route: Route) -> bool:
@@ -115,15 +115,17 @@ class ColdStart:
         self.waiting[model_id] += 1
         self.held += 1
         released = [False]
+        call = self._call(model_id)
 
         def release() -> None:
             if not released[0]:
                 released[0] = True
                 self.waiting[model_id] -= 1
+            if not call.called:  # the supervisor stops counting this request
+                call.cancel()
 
         held: defer.Deferred[Woken] = defer.Deferred(lambda _d: release())
-        shared = self._call(model_id)
-        shared.addCallback(lambda woken: held.callback(woken) if not held.called else None)
+        call.addCallback(lambda w: None if held.called or released[0] else held.callback(w))
         timer = self._clock.callLater(
             settings.cold_start_timeout_s,
             lambda: held.callback(Woken(None)) if not held.called else None,
@@ -158,25 +160,18 @@ class ColdStart:
         return held
 
     def _call(self, model_id: str) -> defer.Deferred[Woken]:
-        """A Deferred of the (shared) wake call in flight for ``model_id``."""
-        call = self._calls.get(model_id)
-        if call is None:
-            call = self._wake(model_id)
-            self._calls[model_id] = call
+        """This held request's wake call (never fails: a failure is ``Woken(None)``)."""
+        call = self._wake(model_id)
 
-            def done(w: Any) -> Woken:
-                self._calls.pop(model_id, None)
-                if not isinstance(w, Woken):
-                    log.warn("cold start {id}: wake failed: {why}", id=model_id, why=w)
-                    w = Woken(None)
-                if w.startup_s is not None:
-                    self._startup_s[model_id] = w.startup_s
-                return w
+        def done(w: Any) -> Woken:
+            if not isinstance(w, Woken):
+                log.warn("cold start {id}: wake failed: {why}", id=model_id, why=w)
+                w = Woken(None)
+            if w.startup_s is not None:
+                self._startup_s[model_id] = w.startup_s
+            return w
 
-            call.addBoth(done)
-        out: defer.Deferred[Woken] = defer.Deferred()
-        call.addCallback(lambda w: (out.callback(w), w)[1])
-        return out
+        return call.addBoth(done)
 
 
 def supervisor_wake(http: Any, api_url: str, internal_token: str) -> Wake:

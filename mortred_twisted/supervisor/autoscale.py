@@ -6,8 +6,9 @@ and the time (``now``, seconds of any monotonic clock) and returns a
 (:mod:`mortred_twisted.supervisor.scaler`) measures, acts and reports.
 
 **Load** is the backlog (pending + running jobs of the id in the shared job store)
-plus the synchronous requests in flight on its replicas. The **raw** count for one
-measurement is ``ceil(load / target_backlog_per_replica)`` clamped to
+plus the synchronous requests in flight on its replicas plus the requests gateways
+hold for a cold start (``waiting``: not admitted anywhere yet, but demand). The
+**raw** count for one measurement is ``ceil(load / target_backlog_per_replica)`` clamped to
 ``[max(min_replicas, 1), max_replicas]`` (zero is reached only by the idle rule).
 
 Rules, in order (the first that applies decides):
@@ -15,8 +16,8 @@ Rules, in order (the first that applies decides):
 1. **Lost measurement** (``load`` unknown): hold the current count and forget the
    history, so neither window nor the idle clock spans a gap (never scale down on a
    missing figure).
-2. **Cold start**: no replica is up or starting and there is load (or a waiting
-   request, ``waiting``): the raw count at once (within ``max_step``), whatever
+2. **Cold start**: no replica is up or starting and there is load (a waiting
+   request is enough): the raw count at once (within ``max_step``), whatever
    the windows and cooldown.
 3. **Idle to zero**: with ``min_replicas = 0``, no load for ``idle_to_zero_s``: 0.
 4. **Bounds**: a count outside ``[max(min_replicas, 1), max_replicas]`` is brought
@@ -89,7 +90,7 @@ class Measurement:
     def load(self) -> int | None:
         if self.backlog is None or self.inflight is None:
             return None
-        return self.backlog + self.inflight
+        return self.backlog + self.inflight + self.waiting
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class AutoscalePolicy:
             return Decision(m.current, "hold_no_measurement", None, None)
         raw = self.raw(load)
         self._remember(now, raw)
-        if load > 0 or m.waiting > 0:
+        if load > 0:
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = now
@@ -148,7 +149,7 @@ class AutoscalePolicy:
     def _rules(self, m: Measurement, now: float, load: int, raw: int) -> Decision:
         s = self.settings
         floor = max(s.min_replicas, 1)
-        if m.current == 0 and (load > 0 or m.waiting > 0):
+        if m.current == 0 and load > 0:
             return Decision(self._step(0, raw), "cold_start", load, raw)
         if m.current == 0 and s.min_replicas == 0:
             return Decision(0, "steady", load, raw)

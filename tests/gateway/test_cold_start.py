@@ -55,14 +55,15 @@ class Rig:
         return b"503"
 
 
-def test_held_requests_share_one_wake_and_go_to_the_woken_replica() -> None:
-    """Two held requests, one wake call; both are forwarded to the URL it names, as
-    routes marked held (never held a second time)."""
+def test_each_held_request_wakes_and_goes_to_the_woken_replica() -> None:
+    """Two held requests, two wake calls (the supervisor counts each as load); both
+    are forwarded to the URL they name, as routes marked held (never held again)."""
     rig = Rig()
     _d1, out1 = rig.hold()
     _d2, out2 = rig.hold()
-    assert len(rig.calls) == 1 and rig.cold.waiting["M"] == 2
-    rig.calls[0].callback(Woken("http://127.0.0.1:18101", 1.5))
+    assert len(rig.calls) == 2 and rig.cold.waiting["M"] == 2
+    for call in rig.calls:
+        call.callback(Woken("http://127.0.0.1:18101", 1.5))
     assert out1 == out2 == [b"forwarded"]
     assert [r.url for r in rig.retried] == ["http://127.0.0.1:18101/jobs"] * 2
     assert all(HELD in r.tried and not rig.cold.covers(r) for r in rig.retried)
@@ -81,6 +82,7 @@ def test_beyond_the_count_is_503_at_once_and_beyond_the_time_too() -> None:
     rig.clock.advance(10)
     assert len(rig.refusals) == 3
     assert rig.cold.waiting["M"] == 0
+    assert all(call.called for call in rig.calls)  # timed-out wake calls cancelled
 
 
 def test_a_client_that_leaves_frees_its_place() -> None:
@@ -90,7 +92,7 @@ def test_a_client_that_leaves_frees_its_place() -> None:
     d.cancel()
     assert rig.cold.waiting["M"] == 0
     assert out[0].check(defer.CancelledError)
-    rig.calls[0].callback(Woken("http://127.0.0.1:18100"))
+    assert rig.calls[0].called  # its wake call was cancelled too
     assert rig.retried == []
 
 

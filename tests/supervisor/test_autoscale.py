@@ -173,6 +173,13 @@ def test_idle_to_zero_and_a_cold_start() -> None:
     assert (d.desired, d.reason) == (1, "cold_start")
 
 
+def test_held_requests_count_as_load() -> None:
+    """At zero, nine requests held by gateways start ceil(9 / 4) = 3 replicas."""
+    f = Fleet(AutoscaleSettings(**{**SETTINGS.__dict__, "min_replicas": 0}), current=0)
+    d = f.tick(0, waiting=9)
+    assert (d.desired, d.reason) == (3, "cold_start")
+
+
 def test_a_cold_start_under_a_burst_starts_what_the_backlog_needs() -> None:
     """At zero, a backlog of 10 starts ceil(10 / 4) = 3 replicas in one decision."""
     f = Fleet(AutoscaleSettings(**{**SETTINGS.__dict__, "min_replicas": 0}), current=0)
