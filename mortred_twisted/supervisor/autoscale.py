@@ -15,7 +15,7 @@ Rules, in order (the first that applies decides):
 
 1. **Lost measurement** (``load`` unknown): hold the current count and forget the
    history, so neither window nor the idle clock spans a gap (never scale down on a
-   missing figure).
+   missing figure); at zero with requests held, one replica (a cold start).
 2. **Cold start**: no replica is up or starting and there is load (a waiting
    request is enough): the raw count at once (within ``max_step``), whatever
    the windows and cooldown.
@@ -132,6 +132,10 @@ class AutoscalePolicy:
         load = m.load
         if load is None:
             self._forget()
+            if m.current == 0 and m.waiting > 0 and not self._failed_lately(m, now):
+                # Requests wait at zero: demand is certain even without the store.
+                self._last_change = now
+                return Decision(1, "cold_start", None, None)
             return Decision(m.current, "hold_no_measurement", None, None)
         raw = self.raw(load)
         self._remember(now, raw)

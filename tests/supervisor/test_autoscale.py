@@ -158,6 +158,14 @@ def test_a_lost_measurement_holds_and_restarts_the_windows() -> None:
     assert f.current == 1
 
 
+def test_held_requests_at_zero_start_one_even_without_a_measurement() -> None:
+    """At zero with the store unreadable, held requests still start one replica."""
+    f = Fleet(AutoscaleSettings(**{**SETTINGS.__dict__, "min_replicas": 0}), current=0)
+    assert f.tick(None).desired == 0
+    d = f.tick(None, waiting=2)
+    assert (d.desired, d.reason) == (1, "cold_start")
+
+
 def test_idle_to_zero_and_a_cold_start() -> None:
     """With min_replicas 0: no load for idle_to_zero_s stops the last replica; a
     waiting request (or any backlog) at zero starts one at once."""
