@@ -1,0 +1,156 @@
+"""Score the text-to-image pipeline's prompt following with the independent judge.
+
+    .venv/bin/python -m training.txt2img.eval_txt2img [--prompts 300] [--steps 25] \
+        [--guidance 5] [--scheduler ddim|dpmsolver++] [--write-manifest]
+
+Takes the first ``--prompts`` captions of the ``eval`` split (a seed neither the
+generator nor the judge trained on), generates one picture per caption with the
+shipped pipeline (``StableDiffusionPipeline.from_pretrained(local_files_only=True)``,
+its files checked against the manifest first; pictures quantised to 8 bits as served)
+and prints the judge's per-attribute accuracy against the caption, next to the same
+judge on:
+
+* the eval split's own pictures (the judge's ceiling on the training distribution),
+* the autoencoder's reconstructions of them (the ceiling the latent space allows),
+* pictures generated from the empty prompt (the pipeline ignoring the text),
+* uniform random pictures (chance as this judge sees it), and ``1 / classes``.
+
+``--write-manifest`` records the table under ``figures`` in
+``weights/txt2img/manifest.json`` (the manifest's file table is unchanged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mortred_twisted.data.captions import ALLOWED_PAIRS, ATTRIBUTES
+from mortred_twisted.models.diffusion.manifest import (
+    MANIFEST_NAME,
+    pipeline_files,
+    read_manifest,
+    verify_files,
+)
+from training.txt2img import common
+from training.txt2img.judge import AttributeJudge, load_judge
+
+COLUMNS = (*ATTRIBUTES, "all_four")
+
+
+def load_pipeline(directory: Path, scheduler: str) -> Any:
+    """The shipped pipeline, every file checked against its manifest, on CPU float32."""
+    from diffusers import DPMSolverMultistepScheduler, StableDiffusionPipeline
+
+    verify_files(directory, read_manifest(directory), pipeline_files(directory))
+    pipe = StableDiffusionPipeline.from_pretrained(directory, local_files_only=True)
+    if scheduler == "dpmsolver++":
+        pipe.scheduler = DPMSolverMultistepScheduler.from_config(
+            pipe.scheduler.config, algorithm_type="dpmsolver++"
+        )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@torch.no_grad()
+def generate(
+    pipe: Any, prompts: list[str], steps: int, guidance: float, seed: int, batch: int
+) -> torch.Tensor:
+    """One picture per prompt, in ``[-1, 1]`` after 8-bit quantisation, ``(N, 3, H, W)``."""
+    out = []
+    for i in range(0, len(prompts), batch):
+        gen = torch.Generator().manual_seed(seed + i)
+        images = pipe(
+            prompts[i : i + batch],
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            generator=gen,
+            output_type="pt",
+        ).images
+        out.append((images * 255.0).round() / 127.5 - 1.0)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def reconstruct(pipe: Any, x: torch.Tensor) -> torch.Tensor:
+    rec = [pipe.vae.decode(pipe.vae.encode(b).latent_dist.mean).sample for b in x.split(256)]
+    return ((torch.cat(rec).clamp(-1, 1) + 1.0) * 127.5).round() / 127.5 - 1.0
+
+
+def score(judge: AttributeJudge, x: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    hit = judge.predict(x) == labels
+    row = {name: round(float(hit[:, i].float().mean()), 4) for i, name in enumerate(ATTRIBUTES)}
+    row["all_four"] = round(float(hit.all(1).float().mean()), 4)
+    return row
+
+
+def chance_row() -> dict[str, float]:
+    row = {name: round(1.0 / len(values), 4) for name, values in ATTRIBUTES.items()}
+    combos = len(ATTRIBUTES["shape"]) * len(ATTRIBUTES["position"]) * len(ALLOWED_PAIRS)
+    row["colour"] = row["background"] = round(1.0 / len(ATTRIBUTES["colour"]), 4)
+    row["all_four"] = round(1.0 / combos, 5)
+    return row
+
+
+def print_table(rows: dict[str, dict[str, float]]) -> None:
+    width = max(len(k) for k in rows)
+    print(f"{'':{width}}  " + "  ".join(f"{c:>10}" for c in COLUMNS))
+    for name, row in rows.items():
+        print(f"{name:{width}}  " + "  ".join(f"{row[c]:10.3f}" for c in COLUMNS))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--scheduler", default="ddim", choices=("ddim", "dpmsolver++"))
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pipeline", type=Path, default=common.PIPELINE_DIR)
+    parser.add_argument("--judge", type=Path, default=common.JUDGE_DIR)
+    parser.add_argument("--write-manifest", action="store_true")
+    args = parser.parse_args(argv)
+    common.setup(args.seed, args.threads)
+    pipe = load_pipeline(args.pipeline, args.scheduler)
+    judge = load_judge(args.judge)
+    x, labels, prompts = common.split_tensors("eval", args.prompts)
+    rows: dict[str, dict[str, float]] = {}
+    rows["eval-split pictures (ceiling)"] = score(judge, x, labels)
+    rows["autoencoder reconstructions"] = score(judge, reconstruct(pipe, x), labels)
+    start = time.monotonic()
+    generated = generate(pipe, prompts, args.steps, args.guidance, args.seed, args.batch)
+    seconds = time.monotonic() - start
+    label = f"generated ({args.scheduler}, {args.steps} steps, guidance {args.guidance:g})"
+    rows[label] = score(judge, generated, labels)
+    empty = generate(pipe, [""] * len(prompts), args.steps, 1.0, args.seed, args.batch)
+    rows["generated from the empty prompt"] = score(judge, empty, labels)
+    noise = torch.rand(x.shape, generator=torch.Generator().manual_seed(args.seed)) * 2 - 1
+    rows["uniform random pictures"] = score(judge, noise, labels)
+    rows["chance (1 / classes)"] = chance_row()
+    print(f"{len(prompts)} prompts of the eval split; judge {args.judge}; pipeline {args.pipeline}")
+    print_table(rows)
+    per_image = seconds / len(prompts)
+    print(f"generation: {seconds:.1f} s for {len(prompts)} pictures ({per_image:.3f} s each)")
+    if args.write_manifest:
+        path = args.pipeline / MANIFEST_NAME
+        data = json.loads(path.read_text())
+        data.setdefault("figures", {})[label] = {
+            "command": common.command_line(),
+            "prompts": len(prompts),
+            "seed": args.seed,
+            "threads": args.threads,
+            "seconds_per_image": round(per_image, 4),
+            "rows": rows,
+        }
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        print(f"figures written to {path}")
+
+
+if __name__ == "__main__":
+    main()
