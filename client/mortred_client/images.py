@@ -2,8 +2,10 @@
 
 Accepted: ``bytes``/``bytearray``/``memoryview`` (an encoded image, sent as is), a
 path (``str`` or ``os.PathLike``; the file's bytes), a PIL image (encoded as PNG) or
-a numpy array (``uint8``, HxW or HxWxC; encoded as PNG through Pillow). Generative
-models ignore the pixels but still need one valid image.
+a numpy array (``uint8``, HxW or HxWxC; encoded as PNG through Pillow). The shipped
+generative models ignore the pixels but still need one valid image; a model declared
+with the SDK takes its inputs by name in ``params`` and may need none (``None`` or an
+empty list: the envelope then has no ``images`` key).
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ def encode_image(image: Any) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def encode_images(images: Iterable[Any]) -> list[str]:
-    """Every image encoded; ``ValueError`` when there is none."""
-    if isinstance(images, bytes | bytearray | str | os.PathLike):
+def encode_images(images: Iterable[Any] | None) -> list[str]:
+    """Every image encoded, in order; ``[]`` for ``None`` or no image (the server
+    says whether the model needs one: a 422 naming ``images`` or the input)."""
+    if images is None:
+        return []
+    if isinstance(images, bytes | bytearray | memoryview | str | os.PathLike):
         images = [images]  # one image given alone
-    encoded = [encode_image(i) for i in images]
-    if not encoded:
-        raise ValueError("at least one image is needed")
-    return encoded
+    return [encode_image(i) for i in images]

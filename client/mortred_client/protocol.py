@@ -299,7 +299,7 @@ class Api:
 
 
 def envelope(
-    images: list[str],
+    images: list[str] | None,
     params: Mapping[str, Any] | None = None,
     *,
     req_id: str | None = None,
@@ -307,9 +307,10 @@ def envelope(
     webhook_events: list[str] | None = None,
     priority: int | None = None,
 ) -> dict[str, Any]:
-    """The request body: ``images`` already base64. ``priority`` is sent only when
+    """The request body: ``images`` already base64, sent only when there is one (an
+    SDK model takes its inputs by name in ``params``). ``priority`` is sent only when
     given (today's server refuses unknown fields with 422)."""
-    doc: dict[str, Any] = {"images": images}
+    doc: dict[str, Any] = {"images": images} if images else {}
     if params:
         doc["params"] = dict(params)
     if req_id is not None:

@@ -121,7 +121,7 @@ class Client:
 
     def submit(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         *,
         webhook: str | None = None,
@@ -131,6 +131,11 @@ class Client:
         req_id: str | None = None,
     ) -> Job:
         """Submit a job (202 at admission) and return it.
+
+        ``images`` (bytes, paths, PIL images or numpy arrays; one alone or several)
+        go as the envelope's ``images``; ``None`` or none sends no ``images`` key: a
+        model declared with the SDK takes its inputs by name in ``params`` (file
+        inputs as base64 or ``data:`` URIs there).
 
         An ``Idempotency-Key`` is generated unless given, so the submit is retried
         like a GET (a lost answer is answered by the first job, never a second one);
@@ -174,7 +179,7 @@ class Client:
 
     def run(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         **submit: Any,
@@ -188,7 +193,7 @@ class Client:
 
     def infer(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         *,
         req_id: str | None = None,
@@ -214,9 +219,7 @@ class Client:
             if not file.url:
                 raise ValueError(f"result file {file.name}: neither url nor base64")
             data = self.call(self.api.file(file.url)).body
-        if hashlib.sha256(data).hexdigest() != file.sha256:
-            raise ValueError(f"result file {file.name}: sha256 does not match")
-        return data
+        return check_download(file, data)
 
     def queue(self) -> Any:
         """The model's queue (``GET /queue``): its JSON. :class:`~.errors.NotSupported`
@@ -386,10 +389,23 @@ def save_files(
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for file in files:
-        name = file.name
-        if not name or name != os.path.basename(name) or name.startswith(".") or "\\" in name:
-            raise ValueError(f"result file name refused: {name!r}")
-        path = out / name
+        path = file_target(out, file)
         path.write_bytes(client.download(file))
         written.append(path)
     return written
+
+
+def file_target(directory: Path, file: ResultFile) -> Path:
+    """Where ``file`` goes in ``directory``: its own name, which must be a plain
+    file name (``ValueError`` for ``/``, ``\\``, a leading dot or none)."""
+    name = file.name
+    if not name or name != os.path.basename(name) or name.startswith(".") or "\\" in name:
+        raise ValueError(f"result file name refused: {name!r}")
+    return directory / name
+
+
+def check_download(file: ResultFile, data: bytes) -> bytes:
+    """``data`` if it matches ``file``'s ``sha256``, else ``ValueError``."""
+    if hashlib.sha256(data).hexdigest() != file.sha256:
+        raise ValueError(f"result file {file.name}: sha256 does not match")
+    return data

@@ -16,8 +16,10 @@ thread only.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from treq.client import HTTPClient
@@ -46,8 +48,8 @@ from mortred_client.protocol import (
 )
 from mortred_client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
 from mortred_client.sse import SseParser
-from mortred_client.sync import POLL_MS
-from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result
+from mortred_client.sync import POLL_MS, check_download, file_target
+from mortred_client.types import JobEvent, JobPage, JobStatus, Progress, Result, ResultFile
 
 log = logging.getLogger("mortred_client")
 
@@ -158,7 +160,7 @@ class TwistedClient:
 
     def submit(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         *,
         webhook: str | None = None,
@@ -167,7 +169,8 @@ class TwistedClient:
         idempotency_key: str | None = None,
         req_id: str | None = None,
     ) -> defer.Deferred[TwistedJob]:
-        """Submit a job; fires with the :class:`TwistedJob` (see ``Client.submit``)."""
+        """Submit a job; fires with the :class:`TwistedJob` (see ``Client.submit``;
+        ``images=None`` or none sends no ``images`` key)."""
         doc = envelope(
             encode_images(images), params, req_id=req_id, webhook=webhook,
             webhook_events=webhook_events, priority=priority,
@@ -219,7 +222,7 @@ class TwistedClient:
 
     def run(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         **submit: Any,
@@ -236,7 +239,7 @@ class TwistedClient:
 
     def infer(
         self,
-        images: Iterable[Any] | bytes | str,
+        images: Iterable[Any] | bytes | str | None = None,
         params: Mapping[str, Any] | None = None,
         *,
         req_id: str | None = None,
@@ -252,6 +255,21 @@ class TwistedClient:
                     raise NotSupported("this server has no sync inference route")
                 path = self._infer_path = found
             return read_result(await self._call(self.api.infer(doc, path)))
+
+        return defer.Deferred.fromCoroutine(go())
+
+    def download(self, file: ResultFile) -> defer.Deferred[bytes]:
+        """The bytes of a result file (see ``Client.download``): decoded when inline,
+        else fetched from its ``url`` (credentials on the base URL's origin only,
+        with the retries); fails with ``ValueError`` when its ``sha256`` differs."""
+
+        async def go() -> bytes:
+            data = file.inline_bytes()
+            if data is None:
+                if not file.url:
+                    raise ValueError(f"result file {file.name}: neither url nor base64")
+                data = (await self._call(self.api.file(file.url))).body
+            return check_download(file, data)
 
         return defer.Deferred.fromCoroutine(go())
 
@@ -330,6 +348,29 @@ class TwistedJob:
             if status.terminal and not status.done:
                 raise JobFailed(status) from None
             raise
+
+    def download_files(
+        self, directory: str | os.PathLike[str], *, wait: bool = False,
+        timeout: float | None = None,
+    ) -> defer.Deferred[list[Path]]:  # fmt: skip
+        """Write every result file of this (done) job into ``directory`` (made if
+        needed) under its own name; fires with the paths written, in the result's
+        order (see ``Job.download_files``: a name that is not a plain file name fails
+        with ``ValueError`` before anything is written for it). Files are fetched one
+        at a time; each is written to local disk on the reactor thread once whole."""
+
+        async def go() -> list[Path]:
+            result = await self._result(wait, timeout)
+            out = Path(directory)
+            out.mkdir(parents=True, exist_ok=True)
+            written: list[Path] = []
+            for file in result.files():
+                path = file_target(out, file)
+                path.write_bytes(await self.client.download(file))
+                written.append(path)
+            return written
+
+        return defer.Deferred.fromCoroutine(go())
 
     def cancel(self) -> defer.Deferred[JobStatus]:
         d = self.client.call(self.client.api.cancel(self.poll_url))
