@@ -92,6 +92,8 @@ _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
     RouteKind.EVENTS: b"last-event-id",
 }
+#: ... and a submit's or sync call's ``Prefer`` (``return=inline``: result files inline).
+_FORWARD_PREFER = frozenset({RouteKind.SUBMIT, RouteKind.INFER})
 #: ... and a result file's conditional and range headers.
 _FORWARD_FILE = (b"range", b"if-none-match", b"if-range")
 #: Routes that name their caller to the model (every job route).
@@ -332,6 +334,10 @@ class GatewayApp:
             values = get(extra)
             if values:
                 headers[extra] = values[:1]
+        if kind in _FORWARD_PREFER:
+            values = get(b"prefer")
+            if values:
+                headers[b"prefer"] = values
         if kind is RouteKind.FILE:
             for name in _FORWARD_FILE:
                 values = get(name)

@@ -17,7 +17,11 @@ serves it:
   route: ids cannot be probed); a job not done yet: 409.
 
 The file is read on a thread (``runtime.io_threads``), never on the reactor.
-:func:`prefers_inline` reads a submit's ``Prefer: return=inline``.
+:func:`prefers_inline` reads a submit's ``Prefer: return=inline``; when the server
+honours it (:func:`inline_applied`: an SDK model, whose outputs may hold files) the
+answer says so with ``Preference-Applied: return=inline`` (RFC 7240 §3): the 202 of
+a submit (its job's files come back as base64 in its result) and a sync answer
+(always inline).
 
 Thread contract: reactor thread only.
 """
@@ -47,6 +51,17 @@ _PREFER_INLINE = re.compile(rb"(^|[,;\s])return\s*=\s*\"?inline\"?($|[,;\s])", r
 def prefers_inline(prefer: bytes | None) -> bool:
     """Whether a submit's ``Prefer`` header asks for result files inline."""
     return prefer is not None and _PREFER_INLINE.search(prefer) is not None
+
+
+#: the answer's header when ``Prefer: return=inline`` was honoured
+INLINE_APPLIED = ("Preference-Applied", "return=inline")
+
+
+def inline_applied(runtime: Any, prefer: bytes | None) -> bool:
+    """Whether a request's ``Prefer: return=inline`` is honoured: it asks for it and
+    the model is declared with the SDK (the built-in models have no result files,
+    so for them the preference changes nothing and is not reported applied)."""
+    return prefers_inline(prefer) and getattr(runtime.validator, "declaration", None) is not None
 
 
 class Unsatisfiable(ValueError):

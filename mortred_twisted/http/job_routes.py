@@ -34,7 +34,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fair_share import caller_terms, check_priority, over_quota, queue_body
-from mortred_twisted.http.job_files import prefers_inline
+from mortred_twisted.http.job_files import INLINE_APPLIED, inline_applied, prefers_inline
 from mortred_twisted.http.job_listing import JobListing
 from mortred_twisted.http.job_stream import JobEventStream
 from mortred_twisted.http.request_checks import RequestChecks
@@ -200,7 +200,8 @@ class JobRoutes:
         try:
             key = check_key(self.responder.header(request, b"idempotency-key"))
             valid, req_id = self.checks.parse_and_validate(request, job_fields)
-            if prefers_inline(self.responder.header(request, b"prefer")):
+            prefer = self.responder.header(request, b"prefer")
+            if prefers_inline(prefer):
                 valid = replace(valid, inline_files=True)  # result files as base64
             webhook = self._webhook_target(job_fields)
             terms = self.terms(request)
@@ -217,7 +218,10 @@ class JobRoutes:
         fp = ""
         if key is not None:
             request.content.seek(0)
-            fp = fingerprint(request.content.read())
+            # The preference is part of "the same request": a replay that reports
+            # Preference-Applied had it at admission too.
+            inline = b"\nPrefer: return=inline" if valid.inline_files else b""
+            fp = fingerprint(request.content.read() + inline)
         # A fair store places the job by the caller's terms and band (the Redis
         # store takes neither yet: its jobs start first in, first out).
         fair = {"terms": terms, "priority": priority} if getattr(rt.store, "fair", False) else {}
@@ -225,7 +229,8 @@ class JobRoutes:
             valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook,
             **fair,
         )  # fmt: skip
-        answer = then(admitted, lambda a: self._admitted(request, a, req_id, owner))
+        applied = inline_applied(rt, prefer)
+        answer = then(admitted, lambda a: self._admitted(request, a, req_id, owner, applied))
         return self.responder.store_errors(request, answer, req_id)
 
     def _webhook_target(self, fields: dict[str, Any]) -> tuple[str, frozenset[str]] | None:
@@ -242,8 +247,9 @@ class JobRoutes:
         return url, events
 
     def _admitted(
-        self, request: IRequest, admission: Admission, req_id: str, owner: str = ""
-    ) -> bytes:
+        self, request: IRequest, admission: Admission, req_id: str, owner: str = "",
+        inline_applied: bool = False,
+    ) -> bytes:  # fmt: skip
         rt = self.runtime
         job_id = admission.job_id
         if admission.conflict:
@@ -271,6 +277,8 @@ class JobRoutes:
             )
             return self.responder.job_error(request, full, req_id)
         headers = {"Location": f"/jobs/{job_id}"}
+        if inline_applied:
+            headers[INLINE_APPLIED[0]] = INLINE_APPLIED[1]
         if admission.replayed:
             headers["Idempotent-Replayed"] = "true"
         else:

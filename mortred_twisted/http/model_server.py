@@ -38,7 +38,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import to_api_error
 from mortred_twisted.http.hot_routes import HOT_LABELS, HotRoutes
-from mortred_twisted.http.job_files import JobFileRoutes
+from mortred_twisted.http.job_files import INLINE_APPLIED, JobFileRoutes, inline_applied
 from mortred_twisted.http.job_routes import JobRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.request_checks import RequestChecks
@@ -184,12 +184,15 @@ class ModelServerApp:
             req_id = self.responder.request_id(request)
             return self.responder.envelope_error(request, to_api_error(exc), req_id)
 
+        applied = inline_applied(self.runtime, self.responder.header(request, b"prefer"))
+
         def ok(result: Any) -> bytes:
-            timing = f"model;dur={result.run_ms:.3f}"
+            headers = {"Server-Timing": f"model;dur={result.run_ms:.3f}"}
+            if applied:  # the sync path is always inline: say so when asked
+                headers[INLINE_APPLIED[0]] = INLINE_APPLIED[1]
             return self.responder.respond(
-                request, 200, render_success(req_id, result.data_json), req_id,
-                {"Server-Timing": timing},
-            )  # fmt: skip
+                request, 200, render_success(req_id, result.data_json), req_id, headers
+            )
 
         def failed(failure: Any) -> bytes:
             api = to_api_error(failure.value)

@@ -276,3 +276,89 @@ def test_output_files_is_checked() -> None:
 
     with pytest.raises(ConfigErrors, match="output_files"):
         build_server_config({"server": {"id": "F", "output_files": "s3"}, "model": {}}, env={})
+
+
+def test_preference_applied_says_prefer_return_inline_was_honoured(served: Any) -> None:
+    """A submit with ``Prefer: return=inline`` is answered 202 with
+    ``Preference-Applied: return=inline`` (RFC 7240); one without has none."""
+    _app, _clock, _threads, stub = served
+    prefer = {"Prefer": "respond-async, return=inline"}
+    code, headers, _ = call(stub, "POST", "/jobs", {"params": {"n": 1}}, prefer)
+    assert code == 202 and header(headers, "Preference-Applied") == "return=inline"
+    code, headers, _ = call(stub, "POST", "/jobs", {"params": {"n": 1}})
+    assert code == 202 and header(headers, "Preference-Applied") is None
+    code, headers, _ = call(
+        stub, "POST", "/jobs", {"params": {"n": 1}}, {"Prefer": "return=minimal"}
+    )
+    assert code == 202 and header(headers, "Preference-Applied") is None
+
+
+def test_a_replay_reports_the_preference_its_job_was_admitted_with(served: Any) -> None:
+    """The same Idempotency-Key and body with the same Prefer replays the job (and
+    says the preference applies); with another Prefer it is a conflict (422), so a
+    replay never claims a preference its job did not have."""
+    _app, _clock, _threads, stub = served
+    body = {"params": {"n": 1}}
+    inline = {"Idempotency-Key": "k-inline", "Prefer": "return=inline"}
+    code, _h, first = call(stub, "POST", "/jobs", body, inline)
+    assert code == 202
+    code, headers, again = call(stub, "POST", "/jobs", body, inline)
+    assert code == 202 and header(headers, "Idempotent-Replayed") == "true"
+    assert header(headers, "Preference-Applied") == "return=inline"
+    assert json.loads(again)["job_id"] == json.loads(first)["job_id"]
+    code, _h, refused = call(stub, "POST", "/jobs", body, {"Idempotency-Key": "k-inline"})
+    assert code == 422, refused
+    plain = {"Idempotency-Key": "k-plain"}
+    assert call(stub, "POST", "/jobs", body, plain)[0] == 202
+    code, _h, _ = call(stub, "POST", "/jobs", body, {**plain, "Prefer": "return=inline"})
+    assert code == 422
+
+
+def test_the_sync_path_reports_the_preference_applied(served: Any) -> None:
+    """``POST /infer`` with ``Prefer: return=inline`` says it applied (it is always
+    inline); without it, no header."""
+    _app, clock, threads, stub = served
+    for prefer, expected in (("return=inline", "return=inline"), (None, None)):
+        headers = {"Content-Type": "application/json", **({"Prefer": prefer} if prefer else {})}
+        d = stub.request(
+            "POST", "http://localhost/infer", data=b'{"params": {"n": 1}}', headers=headers
+        )
+        stub.flush()
+        threads.drain()
+        clock.advance(0)
+        stub.flush()
+        responses: list = []
+        d.addCallback(responses.append)
+        assert responses[0].code == 200
+        assert header(responses[0].headers, "Preference-Applied") == expected
+
+
+def test_a_builtin_model_does_not_report_the_preference() -> None:
+    """A built-in model has no result files: the preference changes nothing there
+    and the 202 does not claim it applied."""
+    config = build_server_config(
+        {"server": {"id": "B", "worker_nums": 1, "async_enabled": True},
+         "model": {"type": "fake"}}, env={},
+    )  # fmt: skip
+    clock, threads = Clock(), HandThreads()
+    runtime = ModelRuntime(config, clock=clock, threads=threads, metrics=ServerMetrics())
+    runtime.load_models()
+    threads.step()
+    stub = MemoryClient(ModelPortFactory.for_app(ModelServerApp(runtime), clock))
+    body = {"images": [base64.b64encode(b"x").decode()]}
+    code, headers, answer = call(stub, "POST", "/jobs", body, {"Prefer": "return=inline"})
+    assert code == 202, answer
+    assert header(headers, "Preference-Applied") is None
+
+
+def test_the_gateway_forwards_prefer_on_a_submit_only() -> None:
+    """Through the gateway a submit's (and a sync call's) ``Prefer`` reaches the
+    model; a poll does not forward it."""
+    from tests.gateway.test_gateway_app import AUTH, Harness
+
+    h = Harness()
+    prefer = {**AUTH, "Prefer": "return=inline"}
+    assert h.call("POST", "/v1/models/ASYNC/jobs", headers=prefer, data=b"{}")[0].code == 202
+    assert h.model.seen[-1].headers["prefer"] == "return=inline"
+    h.call("GET", "/v1/models/ASYNC/jobs/job_known", headers=prefer)
+    assert "prefer" not in h.model.seen[-1].headers
