@@ -41,17 +41,36 @@ log = Logger()
 STATES = ("stopped", "starting", "running", "backoff", "failed")
 STATE_VALUE = {s: i for i, s in enumerate(STATES)}
 
-Prober = Callable[[str], "defer.Deferred[bool]"]
+#: A probe's answer: ready or not, or (not ready, the reason the child gives).
+ProbeAnswer = bool | tuple[bool, str | None]
+Prober = Callable[[str], "defer.Deferred[ProbeAnswer]"]
+
+
+def _not_ready_reason(body: bytes) -> str | None:
+    """The ``error`` a model's 503 ``/ready`` names (a load failure's reason)."""
+    import json
+
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error[:2000] if isinstance(error, str) and error else None
 
 
 def http_prober(http: Any, clock: IReactorTime, timeout: float = 2.0) -> Prober:
-    """A prober: GET ``url`` → True on HTTP 200 within ``timeout`` seconds."""
+    """A prober: GET ``url`` → True on HTTP 200 within ``timeout`` seconds; on a 503,
+    ``(False, reason)`` with the reason the model gives (why it failed to load)."""
 
-    def probe(url: str) -> defer.Deferred[bool]:
+    def probe(url: str) -> defer.Deferred[ProbeAnswer]:
         d = http.get(url, timeout=timeout, reactor=clock)
 
-        def done(response: Any) -> defer.Deferred[bool]:
+        def done(response: Any) -> defer.Deferred[ProbeAnswer]:
             ok = response.code == 200
+            if response.code == 503:
+                return treq.content(response).addCallback(
+                    lambda body: (False, _not_ready_reason(body))
+                )
             return treq.content(response).addCallback(lambda _: ok)
 
         d.addCallback(done)
@@ -110,6 +129,8 @@ class ManagedServer:
         #: clock time of the last exit before ready that nobody asked for
         self.last_start_failure: float | None = None
         self.error: str | None = None
+        #: why the child says it is not ready (its /ready 503's error), while it is not
+        self.not_ready_reason: str | None = None
         self._handle: ChildHandle | None = None
         self._probe_call: IDelayedCall | None = None
         self._restart_call: IDelayedCall | None = None
@@ -149,7 +170,7 @@ class ManagedServer:
             "last_exit": self.last_exit.to_json() if self.last_exit else None,
             "started_at": started,
             "startup_s": round(self.startup_s, 3) if self.startup_s is not None else None,
-            "error": self.error,
+            "error": self.error or self.not_ready_reason,
         }
 
     # -- operator actions -------------------------------------------------------------
@@ -169,6 +190,7 @@ class ManagedServer:
             return waiter
         self.tracker.reset()
         self.error = None
+        self.not_ready_reason = None
         if self._restart_call is not None and self._restart_call.active():
             self._restart_call.cancel()
         self._restart_call = None
@@ -239,15 +261,20 @@ class ManagedServer:
         d.addErrback(lambda f: (log.failure("probe {url}", f, url=self.probe_url), False)[1])
         d.addCallback(self._probed, handle)
 
-    def _probed(self, ok: bool, handle: ChildHandle) -> None:
+    def _probed(self, answer: ProbeAnswer, handle: ChildHandle) -> None:
         if handle is not self._handle or self._stopping:
             return
+        ok, reason = (answer, None) if isinstance(answer, bool) else answer
+        if not ok and reason and reason != self.not_ready_reason:
+            self.not_ready_reason = reason  # e.g. the model's load error, once per change
+            self.logs.note(f"not ready: {reason}")
         if ok and not self.ready:
             if self.state == "starting" and self.started_at is not None:
                 self.startup_s = self.clock.seconds() - self.started_at
             self.ready = True
             self.state = "running"
             self.error = None
+            self.not_ready_reason = None
             self.logs.note(f"ready ({self.probe_url})")
             self._fire_ready(True)
         elif not ok and self.ready:
@@ -257,6 +284,8 @@ class ManagedServer:
             assert self.started_at is not None
             if self.clock.seconds() - self.started_at > self.timing.ready_timeout:
                 self.error = f"not ready after {self.timing.ready_timeout:.0f} s"
+                if self.not_ready_reason:
+                    self.error += f": {self.not_ready_reason}"
                 self.logs.note(self.error + ": stopping it")
                 handle.signal("TERM")
                 self._kill_call = self.clock.callLater(self.timing.grace, self._kill)

@@ -213,3 +213,50 @@ def test_no_autostart_after_shutdown_began() -> None:
     fired(sup.stop_all())
     assert [c.spec.argv[0] for c in sp.children] == ["A"]
     assert result == [{"A": False, "B": False}]
+
+
+def test_a_model_that_fails_to_load_says_why_in_the_status() -> None:
+    """The reason a model's /ready gives (its load error) is the status' error and a log
+    line; past ready_timeout it is kept in the error that stops the child."""
+    clock, sp, pr = Clock(), FakeSpawner(), FakeProber()
+    s = server("A", clock, sp, pr)
+    s.start()
+    reason = "model not ready (failed): ModelLoadError: model M: setup() failed: OSError"
+    pr.ready["http://A/ready"] = (False, reason)  # type: ignore[assignment]
+    clock.advance(0.5)
+    assert s.state == "starting" and s.status()["error"] == reason
+    assert any(reason in line for line in s.logs.read(0).lines)
+    clock.advance(11)
+    assert s.error is not None and s.error.startswith("not ready after 10 s: ")
+    assert reason in s.error
+
+
+def test_http_prober_reads_the_reason_of_a_503() -> None:
+    """A 503 /ready's JSON error becomes the probe's reason; a 200 is ready."""
+    from twisted.internet import defer
+
+    from mortred_twisted.supervisor.monitor import http_prober
+
+    class Response:
+        def __init__(self, code: int, body: bytes) -> None:
+            self.code, self.body = code, body
+
+    class Http:
+        def __init__(self, response: Response) -> None:
+            self.response = response
+
+        def get(self, url: str, **kw: Any) -> Any:
+            return defer.succeed(self.response)
+
+    import treq
+
+    original = treq.content
+    treq.content = lambda response: defer.succeed(response.body)  # type: ignore[assignment]
+    try:
+        body = b'{"ready":false,"state":"failed","error":"model not ready (failed): boom"}'
+        answers = fired(http_prober(Http(Response(503, body)), Clock())("u"))
+        assert answers == [(False, "model not ready (failed): boom")]
+        assert fired(http_prober(Http(Response(200, b"{}")), Clock())("u")) == [True]
+        assert fired(http_prober(Http(Response(503, b"<html>")), Clock())("u")) == [(False, None)]
+    finally:
+        treq.content = original  # type: ignore[assignment]
