@@ -5,8 +5,10 @@ under ``CI=true`` (what CI services set), where that is a failure: a CI run must
 pass without testing the UI (``.ci/run`` installs both with apt when it can).
 Drives the page through W3C WebDriver: servers grouped by category with
 state/ready, a restart button, the log panel following a server, the try-it
-panel's async flow to a result, the jobs page, and, last, that the supervisor's
-Content-Security-Policy blocked nothing the page did.
+panel's async flow to a result, its form built from a model's OpenAPI document (the
+SDK examples SHARPEN and PATTERNS of conf/server/examples, and the built-in fake)
+submitted to results shown as they are, the jobs page, and, last, that the
+supervisor's Content-Security-Policy blocked nothing the page did.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from PIL import Image as PILImage
 
 from .plane import API_TOKEN, ControlPlane, call, control_plane, free_port, wait_until
 from .webdriver import WebDriver
@@ -51,8 +55,9 @@ def browser_installed() -> None:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with control_plane(tmp_path_factory.mktemp("ui"), ["FAKE_ASYNC", "FAKE_SYNC"]) as cp:
-        cp.wait_ready(["gateway", "FAKE_ASYNC", "FAKE_SYNC"])
+    models = ["FAKE_ASYNC", "FAKE_SYNC", "SHARPEN", "PATTERNS"]
+    with control_plane(tmp_path_factory.mktemp("ui"), models) as cp:
+        cp.wait_ready(["gateway", *models])
         yield cp
 
 
@@ -127,6 +132,164 @@ def test_try_it_async_job(browser: WebDriver) -> None:
     wait_until(lambda: "running" in browser.text("#try-state") or "pending" in browser.text(
         "#try-state"), 10, "live state")  # fmt: skip
     wait_until(lambda: '"success"' in browser.text("#try-json"), 20, "result envelope")
+
+
+def _pick_try_model(browser: WebDriver, model: str, kind: str) -> dict[str, dict[str, Any]]:
+    """Choose ``model`` in the try-it panel and wait for its form (``kind``: sdk or
+    builtin); each field's control as ``{name: {tag, type, required, value, min,
+    max, step, accept, multiple, options, label}}``."""
+    script = (  # (re)select it until its form is there: the catalog may still be loading
+        "const s = document.getElementById('try-model');"
+        "if (s.value !== arguments[0]) { s.value = arguments[0];"
+        " s.dispatchEvent(new Event('change')); }"
+        "const f = document.getElementById('try-fields');"
+        "return f.getAttribute('data-model') === arguments[0] && f.getAttribute('data-kind');"
+    )
+    wait_until(lambda: browser.run(script, model) == kind, 20, f"the form of {model}")
+    # Pairs, not an object: chromedriver returns an object's keys sorted.
+    return dict(
+        browser.run(
+            "const out = [];"
+            "for (const l of document.querySelectorAll('#try-fields label[data-field]')) {"
+            " const c = l.querySelector('[data-input]');"
+            " out.push([l.dataset.field, {tag: c.tagName.toLowerCase(), type: c.type,"
+            "  value: c.value, required: c.required, min: c.min, max: c.max, step: c.step,"
+            "  accept: c.accept, multiple: c.multiple, checked: c.checked, label: l.textContent,"
+            "  options: c.options ? [...c.options].map(o => o.textContent) : null}]); }"
+            "return out;"
+        )
+    )
+
+
+def _set_fields(browser: WebDriver, values: dict[str, str]) -> None:
+    browser.run(
+        "for (const [k, v] of Object.entries(arguments[0]))"
+        " document.querySelector(`#try-fields [data-input='${k}']`).value = v;"
+        "document.getElementById('try-params').value = '';"
+        "document.getElementById('try-form').removeAttribute('data-last-job');",
+        values,
+    )
+
+
+def _results(browser: WebDriver, where: str) -> list[dict[str, Any]]:
+    """The result files shown under ``where``: name, state and the image's size."""
+    return browser.run(  # type: ignore[no-any-return]
+        "return [...document.querySelectorAll(arguments[0] + ' figure.result-file')].map(f => {"
+        " const i = f.querySelector('img');"
+        " return {name: f.dataset.file, state: f.dataset.state, src: i ? i.src.slice(0, 5) : null,"
+        "  width: i ? i.naturalWidth : 0}; });",
+        where,
+    )
+
+
+def test_try_form_for_an_sdk_model_async_with_result_files(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """SHARPEN's form comes from its declaration (a required image picker, bounded
+    numbers, a select, defaults filled in; the plain image picker hidden); a submit
+    from it (multipart) runs the job with the bar following its events, and the
+    sharpened picture, a stored result file, is shown (fetched with the token)."""
+    fields = _pick_try_model(browser, "SHARPEN", "sdk")
+    assert list(fields) == ["image", "amount", "mode", "steps"]
+    image = fields["image"]
+    assert (image["type"], image["accept"], image["required"]) == ("file", "image/*", True)
+    amount = fields["amount"]
+    assert (amount["type"], amount["min"], amount["max"], amount["value"]) == (
+        "number",
+        "0",
+        "4",
+        "1",
+    )
+    assert fields["steps"]["step"] == "1" and fields["steps"]["value"] == "10"
+    assert fields["mode"]["options"] == ["unsharp", "laplace"] and fields["mode"]["value"] == "0"
+    assert "*" in image["label"] and "*" not in amount["label"]
+    assert (
+        browser.run("return getComputedStyle(document.getElementById('try-image-label')).display")
+        == "none"
+    )
+    picture = tmp_path / "cat.png"
+    PILImage.new("RGB", (24, 16), (120, 60, 200)).save(picture)
+    browser.send_keys("#try-fields [data-input='image']", str(picture))
+    _set_fields(browser, {"steps": "4", "mode": "1"})
+    browser.run("document.getElementById('try-mode').value = 'async';")
+    browser.click("#try-submit")
+    last_job = "return document.getElementById('try-form').getAttribute('data-last-job')"
+    wait_until(lambda: browser.run(last_job), 15, "the job's 202")
+    shown = wait_until(
+        lambda: (r := _results(browser, "#try-output")) and r[0]["state"] != "loading" and r,
+        30,
+        "the result file",
+    )
+    assert shown == [{"name": "output.png", "state": "loaded", "src": "blob:", "width": 24}], shown
+    assert "done" in browser.text("#try-state")
+    bar = browser.run(
+        "const b = document.getElementById('try-progress');"
+        "return [b.hidden, b.getAttribute('value'), b.getAttribute('max')];"
+    )
+    assert bar == [False, "4", "4"]
+    assert '"url": "/api/v1/jobs/SHARPEN/' in browser.text("#try-json")
+
+
+def test_try_form_for_an_sdk_model_sync_shows_the_inline_picture(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """A sync run of SHARPEN from the form: the picture comes back inline (base64 in
+    its file description) and is shown as a data: image."""
+    _pick_try_model(browser, "SHARPEN", "sdk")
+    picture = tmp_path / "small.png"
+    PILImage.new("RGB", (8, 12), (10, 200, 30)).save(picture)
+    browser.send_keys("#try-fields [data-input='image']", str(picture))
+    _set_fields(browser, {"steps": "2"})
+    browser.run("document.getElementById('try-mode').value = 'sync';")
+    browser.click("#try-submit")
+    shown = wait_until(lambda: (r := _results(browser, "#try-output")) and r[0]["width"] and r,
+                       30, "the inline picture")  # fmt: skip
+    assert shown == [{"name": "output.png", "state": "loaded", "src": "data:", "width": 8}]
+    assert "HTTP 200" in browser.text("#try-state")
+
+
+def test_try_form_for_a_streaming_sdk_model_shows_previews_and_frames(
+    browser: WebDriver,
+) -> None:
+    """PATTERNS (a generator emitting a preview before each frame): its previews and
+    frames (output events) arrive on the job's stream, and the result's frames fill
+    the grid, every one a loaded image."""
+    fields = _pick_try_model(browser, "PATTERNS", "sdk")
+    assert fields["palette"]["options"] == ["ember", "mono", "ocean"]
+    assert not any(f["required"] for f in fields.values())
+    _set_fields(browser, {"frames": "3", "width": "32", "height": "32"})
+    browser.run("document.getElementById('try-mode').value = 'async';")
+    browser.click("#try-submit")
+    frames = wait_until(
+        lambda: (r := _results(browser, "#try-output")) and len(r) == 3
+        and all(f["state"] == "loaded" for f in r) and r,
+        30, "three frames",
+    )  # fmt: skip
+    assert [f["width"] for f in frames] == [32, 32, 32]
+    previews = int(browser.run("return document.getElementById('try-preview').dataset.events || 0"))
+    assert previews >= 1
+    preview = _results(browser, "#try-preview")
+    assert preview and preview[0]["state"] == "loaded" and preview[0]["width"] == 8
+
+
+def test_try_form_for_a_builtin_model(browser: WebDriver) -> None:
+    """FAKE_ASYNC (a built-in: no declaration) gets its params' fields beside the
+    image picker; a job submitted from the fields alone (the JSON envelope) completes."""
+    fields = _pick_try_model(browser, "FAKE_ASYNC", "builtin")
+    assert {"delay_ms", "mode", "fail", "steps"} <= set(fields)
+    assert fields["delay_ms"]["type"] == "number" and fields["delay_ms"]["max"] == "600000"
+    assert fields["mode"]["options"][0] == "" and fields["fail"]["type"] == "checkbox"
+    assert (
+        browser.run("return getComputedStyle(document.getElementById('try-image-label')).display")
+        != "none"
+    )
+    _set_fields(browser, {"delay_ms": "300", "steps": "3"})
+    browser.run("document.getElementById('try-mode').value = 'async';")
+    browser.click("#try-submit")
+    wait_until(lambda: '"success"' in browser.text("#try-json"), 20, "the result envelope")
+    bar = browser.run("const b = document.getElementById('try-progress');"
+                      "return [b.getAttribute('value'), b.getAttribute('max')];")  # fmt: skip
+    assert bar == ["3", "3"]
 
 
 def _jobs_submit(browser: WebDriver, params: dict[str, int]) -> str:

@@ -1,6 +1,7 @@
 """A minimal W3C WebDriver client over stdlib HTTP, for Debian's chromium-driver.
 
-Only what the UI test needs: a session, navigate, find, click, text, execute script.
+Only what the UI test needs: a session, navigate, find, click, type (a file's path
+into a file picker), text, execute script.
 No selenium and no browser download: it drives ``/usr/bin/chromium`` through
 ``/usr/bin/chromedriver`` (apt: ``chromium chromium-driver``).
 """
@@ -67,6 +68,10 @@ class WebDriver:
 
     def click(self, css: str) -> None:
         self._call("POST", self.s(f"/element/{self.find(css)}/click"), {})
+
+    def send_keys(self, css: str, text: str) -> None:
+        """Type ``text`` into an element (for ``<input type=file>``: a file's path)."""
+        self._call("POST", self.s(f"/element/{self.find(css)}/value"), {"text": text})
 
     def text(self, css: str) -> str:
         return str(self._call("GET", self.s(f"/element/{self.find(css)}/text")))

@@ -44,7 +44,7 @@ for (const id of ["conn", "token-form", "token", "servers", "log-server", "log-f
   "try-form", "try-model", "try-mode", "try-image", "try-params", "try-submit", "try-state",
   "try-output", "try-json", "jobs-model", "jobs-filter", "jobs-state", "jobs-form", "jobs-image",
   "jobs-params", "jobs-submit", "jobs-list", "jobs-result-title", "jobs-output", "jobs-json",
-  "jobs-queue"]) {
+  "jobs-queue", "try-about", "try-image-label", "try-fields", "try-progress", "try-preview"]) {
   ids[id] = new Node_(["log-server", "try-model", "try-mode", "jobs-model", "jobs-filter"].includes(id) ? "select" : "div");
 }
 for (const v of ["", "pending,running"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["jobs-filter"].append(o); }
@@ -54,8 +54,9 @@ const scripted = JSON.parse(fs.readFileSync(process.argv[3], "utf8"));
 const calls = [];
 async function fetch(path, opts) {
   const method = opts.method || "GET";
-  calls.push({ path, method, auth: opts.headers.Authorization || null, body: opts.body || null,
-    accept: opts.headers.Accept || null });
+  const body = opts.body instanceof FormData_ ? { form: opts.body.parts } : opts.body || null;
+  calls.push({ path, method, auth: opts.headers.Authorization || null, body,
+    accept: opts.headers.Accept || null, contentType: opts.headers["Content-Type"] || null });
   const key = `${method} ${path.split("?")[0]}`;
   const answer = scripted[key] || { status: 404, body: { error: "not scripted: " + key } };
   const next = Array.isArray(answer) ? (answer.length > 1 ? answer.shift() : answer[0]) : answer;
@@ -64,10 +65,21 @@ async function fetch(path, opts) {
     return { status: next.status, body: { getReader: () => ({
       read: async () => (chunks.length ? { value: chunks.shift(), done: false } : { done: true }) }) } };
   }
+  if (next.blob) return { status: next.status, blob: async () => new Blob_(next.blob) };
   return { status: next.status, text: async () => JSON.stringify(next.body) };
 }
 
+// FormData and File/Blob as the page uses them: parts recorded as [name, value, filename].
+class Blob_ { constructor(content, name) { this.content = content; this.name = name; } }
+class FormData_ {
+  constructor() { this.parts = []; }
+  append(name, value, filename) {
+    this.parts.push(value instanceof Blob_ ? [name, { file: value.content }, filename] : [name, value]);
+  }
+}
+
 const store = {};
+const revoked = [];
 const sandbox = {
   document: { getElementById: (id) => ids[id], createElement: (t) => new Node_(t) },
   fetch, console, JSON, Promise, Math, Object, Array, String, Number, URLSearchParams,
@@ -79,7 +91,8 @@ const sandbox = {
   setInterval: () => 0,
   performance: { now: () => 0 },
   btoa: (s) => Buffer.from(s).toString("base64"),
-  URL: { createObjectURL: () => "blob:x", revokeObjectURL() {} },
+  URL: { createObjectURL: (b) => "blob:" + ((b && b.content) || "x"), revokeObjectURL(u) { revoked.push(u); } },
+  FormData: FormData_, Blob: Blob_,
   Image: class { set src(v) { setTimeout(() => this.onload && this.onload(), 0); } },
   Node: Node_,
   FileReader: class { readAsDataURL() { this.result = "data:image/png;base64,QUJD"; setTimeout(() => this.onload(), 0); } },
@@ -126,7 +139,53 @@ async function jobsMode() {
     queue: ids["jobs-queue"].textContent }));
 }
 
+// A node as JSON: tag, attributes, value/checked/hidden, own text, children.
+function desc(n) {
+  return { tag: n.tagName, attrs: { ...n.attrs }, value: n.value, checked: n.checked, hidden: !!n.hidden,
+    text: n.textContent, children: n.children.map(desc) };
+}
+
+// The try-it form: an SDK model's form filled and submitted async (multipart, the event
+// stream's progress, preview and outputs, result files), then a built-in's, sync.
+async function formMode() {
+  await settle();
+  const pick = async (id) => { ids["try-model"].value = id; ids["try-model"].dispatchEvent({ type: "change" }); await settle(); };
+  const { tryForm } = sandbox.mortredUi;
+  await pick(scripted.form.sdk);
+  const sdkForm = { fields: desc(ids["try-fields"]), about: ids["try-about"].textContent,
+    imageHidden: !!ids["try-image-label"].hidden };
+  for (const [name, v] of Object.entries(scripted.form.sdk_values)) {
+    const node = tryForm.inputs.get(name);
+    if (v && v.files) node.files = v.files.map((f) => new Blob_(f, f + ".png")); else node.value = v;
+  }
+  ids["try-mode"].value = "async";
+  ids["try-params"].value = scripted.form.sdk_params || "";
+  ids["try-form"].dispatchEvent({ type: "submit", preventDefault() {} });
+  await settle();
+  const sdkRun = { state: ids["try-state"].textContent, output: desc(ids["try-output"]),
+    preview: desc(ids["try-preview"]), progress: desc(ids["try-progress"]), json: ids["try-json"].textContent };
+  await pick(scripted.form.builtin);
+  const builtinForm = { fields: desc(ids["try-fields"]), imageHidden: !!ids["try-image-label"].hidden };
+  for (const [name, v] of Object.entries(scripted.form.builtin_values)) {
+    const node = tryForm.inputs.get(name);
+    if (typeof v === "boolean") node.checked = v; else node.value = v;
+  }
+  ids["try-image"].files = [{ name: "x.png" }];
+  ids["try-mode"].value = "sync";
+  ids["try-params"].value = "";
+  ids["try-form"].dispatchEvent({ type: "submit", preventDefault() {} });
+  await settle();
+  const builtinRun = { state: ids["try-state"].textContent, output: desc(ids["try-output"]) };
+  // A bad list item is refused in the page, before any request.
+  const before = calls.length;
+  const bad = scripted.form.builtin_bad;
+  if (bad) { tryForm.inputs.get(bad[0]).value = bad[1]; ids["try-form"].dispatchEvent({ type: "submit", preventDefault() {} }); await settle(); }
+  process.stdout.write(JSON.stringify({ sdkForm, sdkRun, builtinForm, builtinRun, calls, revoked,
+    badState: ids["try-state"].textContent, callsAfterBad: calls.length - before }));
+}
+
 (async () => {
+  if (process.argv[4] === "form") return formMode();
   if (process.argv[4] === "sse") return sseMode();
   if (process.argv[4] === "jobs") return jobsMode();
   await settle();

@@ -17,6 +17,18 @@ async function api(method, path, body) {
   return { status: resp.status, doc };
 }
 
+// A multipart/form-data POST (the browser writes the Content-Type and its boundary).
+async function apiForm(path, form) {
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  const resp = await fetch(path, { method: "POST", headers, body: form });
+  const text = await resp.text();
+  let doc;
+  try { doc = JSON.parse(text); } catch (e) { doc = text; }
+  if (resp.status === 401) { $("conn").textContent = "token required"; }
+  return { status: resp.status, doc };
+}
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -51,6 +63,10 @@ async function refreshServers() {
     }
     root.append(table);
   }
+  // The try-it form of a model that was not ready when it was picked, once it is.
+  const picked = tryForm.model && !tryForm.spec && !tryForm.loading &&
+    doc.servers.find((s) => s.id === tryForm.model);
+  if (picked && picked.ready) loadTryForm(tryForm.model);
   const sel = $("log-server");
   if (!sel.options.length) {
     for (const s of doc.servers.flatMap((g) => [g, ...(g.replicas || [])])) {
@@ -103,58 +119,429 @@ function fileToBase64(file) {
   });
 }
 
+// -- try it: a form from the model's OpenAPI document ---------------------------------------
+// GET /api/v1/models/<id>/openapi.json is the model's own document: the `params` schema
+// of its Request gives one control per input (text, number with bounds, select,
+// checkbox, comma-separated lists, file pickers for an SDK model's Image/File inputs),
+// defaults filled in, required inputs marked. A model declared with the SDK
+// (info["x-mortred-model"]) is submitted as multipart/form-data (one part per file, the
+// other inputs as text fields, "More params" as the `params` part); a built-in keeps
+// the JSON envelope, its image picker filling `images`. Without a document (a model
+// not ready yet) the panel is the plain one: an image and free params JSON.
+const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, blobs: [], loading: false };
+const SCALARS = ["string", "integer", "number", "boolean"];
+const isBlob = (v) => typeof Blob !== "undefined" && v instanceof Blob;
+
+// The control one input schema gets.
+function controlOf(prop) {
+  const items = prop.type === "array" ? (prop.items && typeof prop.items === "object" ? prop.items : {}) : null;
+  const kind = (items || prop)["x-mortred-kind"];
+  if (kind === "image" || kind === "file") return { type: "file", accept: kind === "image" ? "image/*" : "", multiple: !!items };
+  if (items) return SCALARS.includes(items.type) ? { type: "list", item: items.type } : { type: "json" };
+  if (Array.isArray(prop.enum) && prop.enum.length) return { type: "select" };
+  if (prop.type === "boolean") return { type: "checkbox" };
+  if (prop.type === "integer" || prop.type === "number") return { type: "number" };
+  if (prop.type === "string") return { type: "text" };
+  return { type: "json" };
+}
+
+// {sdk, title, description, fields: [{name, prop, required, control}]} of a document.
+function formSpec(doc) {
+  const schemas = (doc && doc.components && doc.components.schemas) || {};
+  const request = schemas.Request && typeof schemas.Request === "object" ? schemas.Request : {};
+  const params = (request.properties && request.properties.params) || {};
+  const props = params.properties && typeof params.properties === "object" ? params.properties : {};
+  const required = new Set(Array.isArray(params.required) ? params.required : []);
+  const model = doc && doc.info && doc.info["x-mortred-model"];
+  const sdk = !!model && typeof model === "object";
+  // The declaration's order (the document's keys may be sorted), then any others.
+  const declared = sdk && Array.isArray(model.inputs) ? model.inputs.map((i) => i && i.name) : [];
+  const rank = (name) => { const at = declared.indexOf(name); return at < 0 ? declared.length : at; };
+  const names = Object.keys(props).filter((n) => props[n] && typeof props[n] === "object");
+  names.sort((a, b) => rank(a) - rank(b));
+  return {
+    sdk,
+    title: sdk && typeof model.name === "string" ? model.name : "",
+    description: sdk && typeof model.description === "string" ? model.description : String((doc && doc.info && doc.info.description) || ""),
+    fields: names.map((name) => ({ name, prop: props[name], required: required.has(name), control: controlOf(props[name]) })),
+  };
+}
+
+// What a field's hint says: its description, bounds, list size and default.
+function fieldHint(f) {
+  const p = f.prop, bits = [];
+  if (typeof p.description === "string" && p.description) bits.push(p.description);
+  const lo = p.minimum ?? (p.items && p.items.minimum), hi = p.maximum ?? (p.items && p.items.maximum);
+  if (lo !== undefined || hi !== undefined) bits.push(`${lo ?? ""}…${hi ?? ""}`);
+  if (f.control.type === "list") bits.push("comma-separated" + (p.maxItems ? `, at most ${p.maxItems}` : ""));
+  if (f.control.type === "file" && f.control.multiple && p.maxItems) bits.push(`at most ${p.maxItems} files`);
+  if (p.default !== undefined && f.control.type !== "checkbox") bits.push(`default ${JSON.stringify(p.default)}`);
+  return bits.join("; ");
+}
+
+function fieldControl(f) {
+  const { prop, control } = f;
+  const def = prop.default;
+  const attrs = { name: f.name, "data-input": f.name, "data-control": control.type, class: "try-input" };
+  if (f.required && control.type !== "checkbox") attrs.required = "";
+  let input;
+  if (control.type === "file") {
+    input = el("input", { ...attrs, type: "file", ...(control.accept ? { accept: control.accept } : {}), ...(control.multiple ? { multiple: "" } : {}) });
+  } else if (control.type === "select") {
+    const blank = def === undefined ? [el("option", { value: "" }, "")] : [];
+    input = el("select", attrs, ...blank, ...prop.enum.map((v, i) => el("option", { value: String(i) }, String(v))));
+    const at = prop.enum.findIndex((v) => v === def);
+    input.value = at >= 0 ? String(at) : "";
+  } else if (control.type === "checkbox") {
+    input = el("input", { ...attrs, type: "checkbox" });
+    input.checked = def === true;
+  } else if (control.type === "number") {
+    const bounds = {};
+    if (typeof prop.minimum === "number") bounds.min = String(prop.minimum);
+    if (typeof prop.maximum === "number") bounds.max = String(prop.maximum);
+    input = el("input", { ...attrs, ...bounds, type: "number", step: prop.type === "integer" ? "1" : "any" });
+    input.value = typeof def === "number" ? String(def) : "";
+  } else {
+    const extra = {};
+    if (control.type === "text" && typeof prop.minLength === "number") extra.minlength = String(prop.minLength);
+    if (control.type === "text" && typeof prop.maxLength === "number") extra.maxlength = String(prop.maxLength);
+    if (control.type === "list") extra.placeholder = "a, b, c";
+    if (control.type === "json") extra.placeholder = "JSON";
+    input = el("input", { ...attrs, ...extra, type: "text" });
+    input.value = def === undefined || def === null ? ""
+      : control.type === "text" ? String(def)
+      : control.type === "list" && Array.isArray(def) ? def.join(", ") : JSON.stringify(def);
+  }
+  return input;
+}
+
+function fieldLabel(f, input) {
+  const hint = fieldHint(f);
+  return el("label", { class: "try-field" + (f.required ? " required" : ""), "data-field": f.name },
+    el("span", { class: "field-name" }, f.name), ...(f.required ? [el("span", { class: "req", title: "required" }, "*")] : []),
+    " ", input, ...(hint ? [" ", el("span", { class: "muted field-hint" }, hint)] : []));
+}
+
+// One field's value: {value} (absent when left empty), or {error}.
+function readField(f, node) {
+  const c = f.control, p = f.prop;
+  if (c.type === "file") { const files = [...(node.files || [])]; return files.length ? { value: files } : {}; }
+  if (c.type === "checkbox") return node.checked || p.default !== undefined || f.required ? { value: !!node.checked } : {};
+  if (c.type === "select") return node.value === "" ? {} : { value: p.enum[Number(node.value)] };
+  const text = String(node.value ?? "");
+  if (c.type === "text") return text === "" ? {} : { value: text };
+  if (!text.trim()) return {};
+  const scalar = (t, type, where) => {
+    if (type === "string") return { value: t };
+    if (type === "boolean") return /^(true|false)$/i.test(t) ? { value: t.toLowerCase() === "true" } : { error: `${where}: true or false` };
+    const n = Number(t);
+    if (!Number.isFinite(n) || (type === "integer" && !Number.isInteger(n))) return { error: `${where}: must be ${type === "integer" ? "an integer" : "a number"}` };
+    return { value: n };
+  };
+  if (c.type === "number") return scalar(text.trim(), p.type, f.name);
+  if (c.type === "list") {
+    const items = text.split(",").map((s) => s.trim()).filter((s) => s !== "");
+    if (p.maxItems && items.length > p.maxItems) return { error: `${f.name}: at most ${p.maxItems} items` };
+    const out = [];
+    for (const [i, t] of items.entries()) {
+      const r = scalar(t, c.item, `${f.name}[${i}]`);
+      if (r.error) return r;
+      out.push(r.value);
+    }
+    return out.length ? { value: out } : {};
+  }
+  try { return { value: JSON.parse(text) }; } catch (e) { return { error: `${f.name}: ${e.message}` }; }
+}
+
+async function loadTryForm(id) {
+  tryForm.model = id || null; tryForm.spec = null; tryForm.inputs = new Map();
+  const fields = $("try-fields");
+  fields.replaceChildren(); fields.setAttribute("data-model", id || ""); fields.setAttribute("data-kind", "");
+  $("try-about").textContent = "";
+  $("try-image-label").hidden = false;
+  if (!id) return;
+  let doc = tryForm.docs.get(id);
+  if (!doc) {
+    tryForm.loading = true;
+    let r;
+    try { r = await api("GET", `/api/v1/models/${encodeURIComponent(id)}/openapi.json`); } finally { tryForm.loading = false; }
+    if (tryForm.model !== id) return;
+    if (r.status !== 200 || !r.doc || typeof r.doc !== "object") {
+      $("try-about").textContent = `no form yet (the model's OpenAPI document: HTTP ${r.status})`;
+      return;
+    }
+    doc = r.doc;
+    tryForm.docs.set(id, doc);
+  }
+  const spec = formSpec(doc);
+  tryForm.spec = spec;
+  for (const f of spec.fields) {
+    const input = fieldControl(f);
+    tryForm.inputs.set(f.name, input);
+    fields.append(fieldLabel(f, input));
+  }
+  $("try-about").textContent = spec.sdk ? `${spec.title}: ${spec.description}` : spec.description;
+  $("try-image-label").hidden = spec.sdk;  // an SDK model's files are fields of their own
+  fields.setAttribute("data-kind", spec.sdk ? "sdk" : "builtin");
+}
+
+function resetTryOutput() {
+  for (const url of tryForm.blobs.splice(0)) URL.revokeObjectURL(url);
+  $("try-output").replaceChildren(); $("try-preview").replaceChildren();
+  $("try-json").textContent = "";
+  const bar = $("try-progress");
+  bar.hidden = true; bar.setAttribute("max", "1"); bar.setAttribute("value", "0");
+}
+
 async function runTry(event) {
   event.preventDefault();
   const id = $("try-model").value;
   const mode = $("try-mode").value;
+  const spec = tryForm.model === id ? tryForm.spec : null;
+  const say = (text) => { $("try-state").textContent = text; };
+  let params = {};
+  const extra = $("try-params").value.trim();
+  if (extra) {
+    try { params = JSON.parse(extra); } catch (e) { return say("params: " + e.message); }
+    if (!params || typeof params !== "object" || Array.isArray(params)) return say("params: expected a JSON object");
+  }
+  const values = {}, errors = [];
+  for (const f of spec ? spec.fields : []) {
+    if (f.name in params) continue;  // "More params" wins over the field
+    const r = readField(f, tryForm.inputs.get(f.name));
+    if (r.error) errors.push(r.error); else if (r.value !== undefined) values[f.name] = r.value;
+  }
+  if (errors.length) return say(errors.join("; "));
+  resetTryOutput();
   const file = $("try-image").files[0];
-  const body = { server_id: id, images: [file ? await fileToBase64(file) : btoa("mortred-ui")] };
-  const params = $("try-params").value.trim();
-  if (params) {
-    try { body.params = JSON.parse(params); } catch (e) { $("try-state").textContent = "params: " + e.message; return; }
+  const sdk = !!(spec && spec.sdk);
+  let submit;
+  if (sdk) {
+    const form = new FormData();
+    for (const [name, v] of Object.entries(values)) {
+      if (Array.isArray(v)) for (const item of v) isBlob(item) ? form.append(name, item, item.name || name) : form.append(name, String(item));
+      else form.append(name, String(v));
+    }
+    if (Object.keys(params).length) form.append("params", JSON.stringify(params));
+    const query = `?server_id=${encodeURIComponent(id)}` + (mode === "async" ? "&async=1" : "");
+    submit = () => apiForm("/api/v1/infer" + query, form);
+  } else {
+    const body = { server_id: id, images: [file ? await fileToBase64(file) : btoa("mortred-ui")] };
+    const merged = { ...values, ...params };
+    if (extra || Object.keys(merged).length) body.params = merged;
+    if (mode === "async") body.async = true;
+    submit = () => api("POST", "/api/v1/infer", body);
   }
-  $("try-output").replaceChildren();
-  $("try-json").textContent = "";
-  const inputUrl = file ? URL.createObjectURL(file) : null;
+  const inputUrl = file && !sdk ? URL.createObjectURL(file) : null;
+  if (inputUrl) tryForm.blobs.push(inputUrl);
+  // later: loads of files a running job's events named (409 until it is done)
+  const ctx = { server: id, blobs: tryForm.blobs, later: [] };
+  tryForm.run = null;
   if (mode === "sync") {
-    $("try-state").textContent = "running…";
+    say("running…");
     const started = performance.now();
-    const { status, doc } = await api("POST", "/api/v1/infer", body);
-    $("try-state").textContent = `HTTP ${status} in ${Math.round(performance.now() - started)} ms`;
-    return show(doc, inputUrl);
+    const { status, doc } = await submit();
+    say(`HTTP ${status} in ${Math.round(performance.now() - started)} ms`);
+    return show(doc, inputUrl, ctx);
   }
-  body.async = true;
-  const { status, doc } = await api("POST", "/api/v1/infer", body);
-  if (status !== 202) { $("try-state").textContent = `submit: HTTP ${status}`; return show(doc, null); }
-  $("try-state").textContent = `${doc.job_id}: ${doc.state}`;
-  let job = doc;
-  while (!TERMINAL.includes(job.state)) {
-    const r = await api("GET", `${doc.poll_url}/wait?timeout=500`);
-    if (r.status !== 200) { $("try-state").textContent = `poll: HTTP ${r.status}`; return show(r.doc, null); }
-    job = r.doc;
-    const p = job.progress ? ` step ${job.progress.step}/${job.progress.total}` : "";
-    $("try-state").textContent = `${job.job_id}: ${job.state} ${job.elapsed_ms ?? 0} ms${p}`;
-  }
-  if (job.state !== "done") return show(job, null);
-  const result = await api("GET", doc.result_url);
-  show(result.doc, inputUrl);
+  const { status, doc } = await submit();
+  if (status !== 202 || !doc || typeof doc.job_id !== "string") { say(`submit: HTTP ${status}`); return show(doc, null, ctx); }
+  $("try-form").setAttribute("data-last-job", doc.job_id);
+  showTryStatus(doc);
+  const job = await followTry(id, doc, ctx);
+  if (!job || tryForm.run !== doc.job_id) return;
+  if (job.state !== "done") return show(job, null, ctx);
+  for (const load of ctx.later.splice(0)) load();
+  const result = await api("GET", doc.result_url || jobsPath(id, doc.job_id, "/result"));
+  if (tryForm.run !== doc.job_id) return;
+  show(result.doc, inputUrl, ctx);
 }
 
-function show(doc, inputUrl) {
+function showTryStatus(s) {
+  const p = s.progress;
+  const steps = p ? ` step ${p.step}/${p.total}` : "";
+  $("try-state").textContent = `${s.job_id}: ${s.state} ${s.elapsed_ms ?? 0} ms${steps}` + (s.error ? ` ${s.error}` : "");
+  const bar = $("try-progress");
+  bar.hidden = false;
+  if (p && Number(p.total) > 0) {
+    bar.setAttribute("max", String(p.total));
+    bar.setAttribute("value", String(s.state === "done" ? p.total : p.step));
+  } else if (s.state === "done") bar.setAttribute("value", bar.getAttribute("max") || "1");
+}
+
+// The job's event stream (status events, the model's `preview`s and streamed
+// `output`s) until its terminal event; polling /wait when there is no stream. The
+// job's last status, or null after an error (shown).
+async function followTry(server, submitted, ctx) {
+  const jobId = submitted.job_id;
+  tryForm.run = jobId;
+  let last = submitted, ended = false;
+  const ctrl = new AbortController();
+  try {
+    const headers = { Accept: "text/event-stream" };
+    if (state.token) headers.Authorization = "Bearer " + state.token;
+    const resp = await fetch(jobsPath(server, jobId, "/events"), { headers, signal: ctrl.signal, cache: "no-store" });
+    if (resp.status === 200 && resp.body) {
+      const reader = resp.body.getReader();
+      const decoder = new TextDecoder();
+      let outputs = 0;
+      const parser = new SseParser((ev) => {
+        if (tryForm.run !== jobId || ended) return;
+        let data;
+        try { data = JSON.parse(ev.data); } catch (e) { return; }
+        if (ev.event === "output") {
+          $("try-output").append(renderValue(data, ctx, `output ${outputs++}`));
+        } else if (data && data.job_id === jobId && typeof data.state === "string") {
+          last = data; showTryStatus(data);
+          if (TERMINAL.includes(data.state)) ended = true;
+        } else {  // a model event: `preview` (or any name the model emits); the latest shows
+          $("try-preview").replaceChildren(renderValue(data, ctx, ev.event));
+          $("try-preview").setAttribute("data-events", String(Number($("try-preview").getAttribute("data-events") || 0) + 1));
+        }
+      });
+      while (!ended) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        parser.push(decoder.decode(value, { stream: true }));
+      }
+    }
+  } catch (e) {
+    // no stream (or it broke off): polling follows
+  } finally {
+    ctrl.abort();
+  }
+  if (tryForm.run !== jobId) return null;
+  let job = last;
+  while (!TERMINAL.includes(job.state)) {
+    const r = await api("GET", `${submitted.poll_url || jobsPath(server, jobId)}/wait?timeout=500`);
+    if (tryForm.run !== jobId) return null;
+    if (r.status !== 200) { $("try-state").textContent = `poll: HTTP ${r.status}`; show(r.doc, null, ctx); return null; }
+    job = r.doc;
+    showTryStatus(job);
+  }
+  return job;
+}
+
+// -- outputs as they are ------------------------------------------------------------------
+// A result file's description (sdk/outputs.py): {"name", "content_type", "size",
+// "sha256"} and "url" (a stored file, fetched with the token) or "base64" (inline).
+const isFileRef = (v) => !!v && typeof v === "object" && !Array.isArray(v) && typeof v.name === "string" &&
+  typeof v.content_type === "string" && (typeof v.url === "string" || typeof v.base64 === "string");
+
+function fileRefs(value, out = [], depth = 0) {
+  if (depth > 8 || out.length >= 64) return out;
+  if (isFileRef(value)) out.push(value);
+  else if (Array.isArray(value)) for (const v of value) fileRefs(v, out, depth + 1);
+  else if (value && typeof value === "object") for (const v of Object.values(value)) fileRefs(v, out, depth + 1);
+  return out;
+}
+
+// Where a stored file is read: this origin's /api/v1/jobs/<id>/<job>/files/<name> only
+// (the token goes with the request), from the URL a result or an event carries.
+function fileUrl(ref, server) {
+  const url = ref.url;
+  if (typeof url !== "string") return null;
+  if (/^\/api\/v1\/jobs\/[^/]+\/[A-Za-z0-9_-]+\/files\/[^/?#]+$/.test(url)) return url;
+  const m = url.match(/^\/jobs\/([A-Za-z0-9_-]+)\/files\/([^/?#]+)$/);
+  return m && server ? jobsPath(server, m[1], "/files/" + m[2]) : null;
+}
+
+const mediaType = (t) => (/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/i.test(t) ? t : "application/octet-stream");
+
+function fmtBytes(n) {
+  if (typeof n !== "number" || !isFinite(n)) return "";
+  return n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / (1 << 20)).toFixed(1)} MiB`;
+}
+
+// GET a file with the token: {status, url} (a blob: URL, remembered in `blobs` to be
+// revoked with the next run's output) or {status} when it is not there (404: gone
+// with its job, or not stored).
+async function fetchBlob(url, blobs) {
+  const headers = {};
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  try {
+    const resp = await fetch(url, { headers, cache: "no-store" });
+    if (resp.status !== 200) return { status: resp.status };
+    const blobUrl = URL.createObjectURL(await resp.blob());
+    if (blobs) blobs.push(blobUrl);
+    return { status: 200, url: blobUrl };
+  } catch (e) {
+    return { status: 0 };
+  }
+}
+
+// One result file: an image in the grid, or a download link.
+function renderFile(ref, ctx) {
+  const type = mediaType(ref.content_type);
+  const image = type.startsWith("image/");
+  const size = fmtBytes(ref.size);
+  const label = `${ref.name} (${type}${size ? ", " + size : ""})`;
+  if (typeof ref.base64 === "string") {
+    const src = `data:${type};base64,${ref.base64}`;
+    if (image) return el("figure", { class: "result-file", "data-file": ref.name, "data-state": "loaded" },
+      el("img", { src, alt: ref.name, class: "result-image" }), el("figcaption", {}, ref.name));
+    return el("a", { href: src, download: ref.name, class: "result-download", "data-file": ref.name }, "download " + label);
+  }
+  const url = fileUrl(ref, ctx.server);
+  if (!url) return el("span", { class: "file-missing", "data-file": ref.name }, `${ref.name}: not on this server`);
+  if (image) {
+    const caption = el("figcaption", {}, ref.name);
+    const note = el("span", { class: "muted" });
+    const fig = el("figure", { class: "result-file", "data-file": ref.name, "data-state": "loading" }, caption, note);
+    const load = () => fetchBlob(url, ctx.blobs).then((r) => {
+      if (r.url) {
+        fig.prepend(el("img", { src: r.url, alt: ref.name, class: "result-image" }));
+        note.textContent = ""; fig.setAttribute("data-state", "loaded");
+      } else if (r.status === 409 && ctx.later) {  // a preview of a running job: served once it is done
+        note.textContent = " (shown when the job is done)"; fig.setAttribute("data-state", "waiting");
+        ctx.later.push(load);
+      } else {
+        note.replaceChildren(el("span", { class: "file-missing" }, ` (not available: HTTP ${r.status})`));
+        fig.setAttribute("data-state", "missing");
+      }
+    });
+    load();
+    return fig;
+  }
+  const link = el("a", { href: "#", class: "result-download", "data-file": ref.name }, "download " + label);
+  link.addEventListener("click", async (e) => {
+    if (link.getAttribute("data-state") === "loaded") return;  // the blob: URL downloads itself
+    e.preventDefault();
+    const r = await fetchBlob(url, ctx.blobs);
+    if (!r.url) { link.replaceChildren(`${label}: not available (HTTP ${r.status})`); link.setAttribute("data-state", "missing"); return; }
+    link.setAttribute("href", r.url); link.setAttribute("download", ref.name); link.setAttribute("data-state", "loaded");
+    link.click();
+  });
+  return link;
+}
+
+// A model event's or a streamed output's value: its files, else its JSON as text.
+function renderValue(value, ctx, title) {
+  const refs = fileRefs(value);
+  const box = el("div", { class: "result-value" }, el("span", { class: "muted" }, title));
+  if (refs.length) for (const ref of refs) box.append(renderFile(ref, ctx));
+  else box.append(el("code", {}, JSON.stringify(value)));
+  return box;
+}
+
+function show(doc, inputUrl, ctx = {}) {
   $("try-json").textContent = JSON.stringify(doc, (k, v) => (typeof v === "string" && v.length > 200 ? v.slice(0, 60) + "…" : v), 2);
-  const data = doc && doc.data;
-  if (!data) return;
   const out = $("try-output");
+  out.replaceChildren();
+  const data = doc && doc.data;
+  if (data === undefined || data === null) return;
   const items = Array.isArray(data.results) ? data.results : [data];
   for (const item of items) {
-    if (item && Array.isArray(item.images)) {
-      for (const b64 of item.images) out.append(el("img", { src: "data:image/png;base64," + b64, class: "result-image" }));
+    if (!item || typeof item !== "object") continue;
+    if (Array.isArray(item.images)) {
+      for (const b64 of item.images.filter(isBase64)) out.append(el("img", { src: "data:image/png;base64," + b64, class: "result-image" }));
     }
-    if (item && item.overlay) out.append(el("img", { src: "data:image/png;base64," + item.overlay, class: "result-overlay" }));
-    else if (item && Array.isArray(item.masks) && inputUrl) drawMasks(out, inputUrl, item);
-    if (Array.isArray(item) && inputUrl) drawBoxes(out, inputUrl, item);
-    if (item && item.category !== undefined) out.append(el("p", { class: "result-class" }, `class: ${item.category} (${item.class_id})`));
+    if (isBase64(item.overlay)) out.append(el("img", { src: "data:image/png;base64," + item.overlay, class: "result-overlay" }));
+    else if (Array.isArray(item.masks) && inputUrl) drawMasks(out, inputUrl, item);
+    if (Array.isArray(item) && inputUrl && item.length && item.every((d) => d && Array.isArray(d.bbox))) drawBoxes(out, inputUrl, item);
+    if (item.category !== undefined) out.append(el("p", { class: "result-class" }, `class: ${item.category} (${item.class_id})`));
   }
+  for (const ref of fileRefs(data)) out.append(renderFile(ref, ctx));
 }
 
 function withImage(out, url, draw) {
@@ -214,7 +601,7 @@ function drawMasks(out, url, item) {
 const TERMINAL = ["done", "failed", "timeout", "cancelled"];
 const MAX_STREAMS = 3;  // HTTP/1.1 allows ~6 connections per host: keep some for the API
 const RECONNECT_MS = 2000;
-const jobs = { server: null, rows: new Map(), streams: new Map(), tried: new Map(), inputs: new Map(), watch: new Set() };
+const jobs = { server: null, rows: new Map(), streams: new Map(), tried: new Map(), inputs: new Map(), watch: new Set(), blobs: [] };
 
 // Server-sent events parser (WHATWG HTML § 9.2.6): push() text as it arrives (any
 // split), onEvent({event, data, id}) is called per dispatched record.
@@ -471,9 +858,11 @@ async function showJobResult(server, jobId) {
   $("jobs-json").textContent = JSON.stringify(doc, (k, v) => (typeof v === "string" && v.length > 200 ? v.slice(0, 60) + "…" : v), 2);
   const out = $("jobs-output");
   out.replaceChildren();
+  for (const url of jobs.blobs.splice(0)) URL.revokeObjectURL(url);
   const data = doc && doc.data;
   if (status !== 200 || !data) return;
   for (const b64 of resultImages(data)) out.append(el("img", { src: "data:image/png;base64," + b64, class: "result-image", alt: "result" }));
+  for (const ref of fileRefs(data)) out.append(renderFile(ref, { server, blobs: jobs.blobs }));
   const input = jobs.inputs.get(jobId);
   const items = Array.isArray(data.results) ? data.results : [data];
   if (input) for (const item of items) if (item && Array.isArray(item.masks) && !item.overlay) drawMasks(out, input, item);
@@ -501,7 +890,7 @@ function tickJobs() {
   }
 }
 
-window.mortredUi = { SseParser, resultImages, renderJob, jobs };
+window.mortredUi = { SseParser, resultImages, renderJob, jobs, formSpec, readField, fileRefs, fileUrl, tryForm };
 
 // -- wiring ------------------------------------------------------------------------------------
 // A link like http://host:8787/#token=... (as printed at start-up) signs in and is
@@ -530,6 +919,7 @@ $("try-model").addEventListener("change", () => {
   const entry = state.catalog.find((e) => e.id === $("try-model").value);
   $("try-mode").querySelector('option[value="async"]').disabled = !(entry && entry.async_enabled);
   if (entry && !entry.async_enabled) $("try-mode").value = "sync";
+  if ($("try-model").value !== tryForm.model) loadTryForm($("try-model").value);
 });
 $("try-form").addEventListener("submit", runTry);
 $("jobs-model").addEventListener("change", () => selectJobsServer($("jobs-model").value));
