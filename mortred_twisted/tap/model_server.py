@@ -263,18 +263,26 @@ def build_service(
     return top
 
 
+#: the upkeep tick of a memory store without a TTL (LRU only) that may store result
+#: files: their jobs' LRU eviction and the files' sweep
+RESULT_FILES_SWEEP_S = 2.0
+
+
 def retention_sweep_interval_s(config: ServerConfig) -> float | None:
     """How often to run the ledger's retention between submits: a tenth of the job
-    TTL, between 0.1 s and 10 s; None when nothing can expire by time (async off, or
-    ``async_job_ttl = 0``: LRU only, which only grows on submit). A shared store
-    also renews leases there: at least three times per ``job_lease_ms``."""
+    TTL, between 0.1 s and 10 s; None when nothing can expire by time and nothing
+    needs the tick (async off, or ``async_job_ttl = 0`` with ``output_files =
+    "inline"``: LRU only, which only grows on submit). With ``async_job_ttl = 0`` and
+    result files on, :data:`RESULT_FILES_SWEEP_S`: the tick ends the files of jobs LRU
+    evicted (the sweep is part of the upkeep; a no-op for the built-in models). A
+    shared store also renews leases there: at least three times per ``job_lease_ms``."""
     if not config.async_enabled:
         return None
     if config.job_store == "redis":
         ttl_s = config.async_job_ttl / 1000.0 / 10 if config.async_job_ttl > 0 else 10.0
         return min(10.0, max(0.1, min(ttl_s, config.job_lease_ms / 1000.0 / 3)))
     if config.async_job_ttl <= 0:
-        return None
+        return RESULT_FILES_SWEEP_S if config.output_files == "files" else None
     return min(10.0, max(0.1, config.async_job_ttl / 1000.0 / 10))
 
 

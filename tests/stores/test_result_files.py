@@ -200,11 +200,60 @@ async def test_the_sweep_ends_files_with_their_jobs(make_store: Factory, tmp_pat
 
 @pytest_twisted.ensureDeferred
 async def test_a_sweep_pass_is_bounded(make_store: Factory, tmp_path: Path) -> None:
-    """One pass looks at no more than its batch of directories."""
+    """One pass looks at no more than its batches of directories (here 2 of 3), and
+    the next pass goes on from there."""
     store = await make_store()
     files = DirectoryResultFiles(tmp_path / "r")
-    for i in range(7):
+    for i in range(8):
         files.put(f"job_{i:032x}", "a.txt", b"x", "text/plain")
-    sweeper = ResultFileSweeper(files, _states_of(store), _in_thread, batch=3)
-    assert await sweeper.sweep() == 3
-    assert len(files.job_ids()) == 4
+    sweeper = ResultFileSweeper(files, _states_of(store), _in_thread, batch=3, batches=2)
+    assert await sweeper.sweep() == 6
+    assert len(files.job_ids()) == 2
+    assert await sweeper.sweep() == 2
+    assert files.job_ids() == []
+
+
+def test_files_of_lru_evicted_jobs_go_without_a_ttl(tmp_path: Path) -> None:
+    """A real model server on the memory store with ``async_job_ttl = 0`` (no
+    upkeep tick) keeps two finished jobs; the files of the jobs LRU evicted are
+    removed within a few seconds by the result-file sweep (they stayed before)."""
+    import time
+
+    from tests.client.test_result_files import SDK_MODELS
+    from tests.support.servers import model_server
+
+    env = {
+        "MORTRED_ASYNC_JOB_TTL": "0",
+        "MORTRED_ASYNC_MAX_COMPLETED": "2",
+        "MORTRED_RESULT_FILES_DIR": str(tmp_path / "results"),
+    }
+    with model_server(SDK_MODELS / "files.toml", env=env) as server:
+        root = tmp_path / "results" / "SDK_FILES_PORT"
+        jobs = []
+        for _ in range(5):
+            _status, doc = server.json("POST", "/jobs", {"params": {"n": 1}})
+            status, _done = server.json("GET", f"/jobs/{doc['job_id']}/wait?timeout=30000")
+            assert status == 200
+            jobs.append(doc["job_id"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            left = sorted(p.name for p in root.iterdir())
+            if len(left) <= 2:
+                break
+            time.sleep(0.2)
+        assert left == sorted(jobs[-2:])
+
+
+def test_the_upkeep_ticks_without_a_ttl_only_when_files_may_be_stored() -> None:
+    """``async_job_ttl = 0`` on the memory store: a tick with result files on, none
+    when every job's files are inline (nothing else needs it)."""
+    from mortred_twisted.config.server import build_server_config
+    from mortred_twisted.tap.model_server import RESULT_FILES_SWEEP_S, retention_sweep_interval_s
+
+    def interval(**server: Any) -> float | None:
+        doc = {"server": {"id": "T", "async_enabled": True, **server}, "model": {"type": "fake"}}
+        return retention_sweep_interval_s(build_server_config(doc, env={}))
+
+    assert interval(async_job_ttl=0) == RESULT_FILES_SWEEP_S
+    assert interval(async_job_ttl=0, output_files="inline") is None
+    assert interval(async_job_ttl=20_000) == 2.0
