@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mortred_twisted.models.base import ModelLoadError
+
 
 @dataclass(frozen=True)
 class Embedded:
@@ -40,17 +42,96 @@ class Embedded:
     valid_w: int
 
 
+def _side(value: Any) -> int:
+    """A config size that may be an int or a ``[h, w]`` pair (square only here)."""
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise ModelLoadError(f"non-square SAM sizes are not supported: {value}")
+        value = value[0]
+    return int(value)
+
+
+def _processor_side(processor: Any, key: str, field: str) -> int | None:
+    value = getattr(processor, key, None)
+    if value is None:
+        return None
+    value = value.get(field) if isinstance(value, dict) else getattr(value, field, None)
+    return None if value is None else int(value)
+
+
+def check_sam_geometry(config: Any, processor: Any) -> tuple[int, int]:
+    """The checkpoint's ``(input size, embedding grid side)``, read from its vision
+    config (the encoder's weights are sized by it), after checking that the rest of
+    the config and the image processor agree with it; a disagreement is a
+    :class:`ModelLoadError` naming the keys. Such a directory cannot run: the
+    ``SamModel`` would fail inside its first forward pass (e.g. a width-64 layout
+    left with sam-vit-base's ``num_pos_feats = 128``: ``The size of tensor a (64)
+    must match the size of tensor b (256)``)."""
+    vision, prompt, decoder = (
+        config.vision_config,
+        config.prompt_encoder_config,
+        config.mask_decoder_config,
+    )
+    size = _side(vision.image_size)
+    patch = _side(vision.patch_size)
+    if size % patch:
+        raise ModelLoadError(
+            f"vision_config.image_size {size} is not a multiple of its patch_size {patch}"
+        )
+    grid = size // patch
+    problems = []
+    width = int(prompt.hidden_size)
+    if 2 * int(vision.num_pos_feats) != width:
+        problems.append(
+            f"vision_config.num_pos_feats = {vision.num_pos_feats} makes "
+            f"{2 * int(vision.num_pos_feats)}-channel positional encodings but "
+            f"prompt_encoder_config.hidden_size = {width} (SAM needs num_pos_feats = "
+            "hidden_size / 2)"
+        )
+    for name, value in (
+        ("vision_config.output_channels", vision.output_channels),
+        ("mask_decoder_config.hidden_size", decoder.hidden_size),
+    ):
+        if int(value) != width:
+            problems.append(f"{name} = {value} but prompt_encoder_config.hidden_size = {width}")
+    if _side(prompt.image_size) != size:
+        problems.append(
+            f"prompt_encoder_config.image_size = {prompt.image_size} but "
+            f"vision_config.image_size = {size}"
+        )
+    embedding = int(getattr(prompt, "image_embedding_size", grid))
+    if embedding != grid:
+        problems.append(
+            f"prompt_encoder_config.image_embedding_size = {embedding} but the vision "
+            f"encoder's grid is {size} / {patch} = {grid}"
+        )
+    for key, field in (("pad_size", "height"), ("pad_size", "width"), ("size", "longest_edge")):
+        side = _processor_side(processor, key, field)
+        if side is not None and side != size:
+            problems.append(
+                f"the image processor's {key}.{field} = {side} but vision_config.image_size "
+                f"= {size}"
+            )
+    if problems:
+        raise ModelLoadError("inconsistent SAM checkpoint: " + "; ".join(problems))
+    return size, grid
+
+
 class SamPrompter:
-    """A ``SamModel`` and its processor, shared read-only by the workers of a process."""
+    """A ``SamModel`` and its processor, shared read-only by the workers of a process.
+
+    The geometry follows the checkpoint's config (:func:`check_sam_geometry`): the
+    input size and embedding grid of its vision encoder, the mask decoder's
+    low-resolution masks at 4x that grid (64 px for the shipped model, 256 px for
+    sam-vit-base). Raises :class:`ModelLoadError` for a config that cannot run."""
 
     def __init__(self, model: torch.nn.Module, processor: Any, device: torch.device) -> None:
         self.model = model
         self.processor = processor
         self.device = device
-        self.input_size = int(model.config.prompt_encoder_config.image_size)
-        patch = int(model.config.prompt_encoder_config.patch_size)
+        self.input_size, grid = check_sam_geometry(model.config, processor)
         # The mask decoder upscales the embedding grid 4x.
-        self.low_res = 4 * (self.input_size // patch)
+        self.low_res = 4 * grid
 
     @torch.inference_mode()
     def embed(self, rgb: np.ndarray) -> Embedded:

@@ -1,0 +1,1 @@
+"""``type = "transformers"``: vision checkpoints served by task (see :mod:`.loader`)."""
