@@ -120,9 +120,10 @@ class RequestChecks:
 
     @property
     def takes_forms(self) -> bool:
-        from mortred_twisted.models.registry import MODEL_FACTORIES
+        from mortred_twisted.models.registry import MODEL_FACTORIES, SDK_TYPES
 
-        return self.config.model_type not in MODEL_FACTORIES
+        model_type = self.config.model_type
+        return model_type not in MODEL_FACTORIES or model_type in SDK_TYPES
 
     def unsupported_type(self) -> ApiError:
         if self.takes_forms:
