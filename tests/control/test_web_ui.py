@@ -182,6 +182,13 @@ def _results(browser: WebDriver, where: str) -> list[dict[str, Any]]:
     )
 
 
+def _settled(files: list[dict[str, Any]]) -> bool:
+    """Every file fetched, and every fetched image decoded (its width known)."""
+    return all(f["state"] not in ("loading", "waiting") for f in files) and all(
+        f["width"] for f in files if f["state"] == "loaded"
+    )
+
+
 def test_try_form_for_an_sdk_model_async_with_result_files(
     browser: WebDriver, tmp_path: Path
 ) -> None:
@@ -216,7 +223,7 @@ def test_try_form_for_an_sdk_model_async_with_result_files(
     last_job = "return document.getElementById('try-form').getAttribute('data-last-job')"
     wait_until(lambda: browser.run(last_job), 15, "the job's 202")
     shown = wait_until(
-        lambda: (r := _results(browser, "#try-output")) and r[0]["state"] != "loading" and r,
+        lambda: (r := _results(browser, "#try-output")) and _settled(r) and r,
         30,
         "the result file",
     )
@@ -261,14 +268,16 @@ def test_try_form_for_a_streaming_sdk_model_shows_previews_and_frames(
     browser.run("document.getElementById('try-mode').value = 'async';")
     browser.click("#try-submit")
     frames = wait_until(
-        lambda: (r := _results(browser, "#try-output")) and len(r) == 3
-        and all(f["state"] == "loaded" for f in r) and r,
-        30, "three frames",
-    )  # fmt: skip
+        lambda: (r := _results(browser, "#try-output")) and len(r) == 3 and _settled(r) and r,
+        30,
+        "three frames",
+    )
     assert [f["width"] for f in frames] == [32, 32, 32]
     previews = int(browser.run("return document.getElementById('try-preview').dataset.events || 0"))
     assert previews >= 1
-    preview = _results(browser, "#try-preview")
+    preview = wait_until(
+        lambda: (r := _results(browser, "#try-preview")) and _settled(r) and r, 10, "the preview"
+    )
     assert preview and preview[0]["state"] == "loaded" and preview[0]["width"] == 8
 
 

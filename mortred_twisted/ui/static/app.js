@@ -64,9 +64,9 @@ async function refreshServers() {
     root.append(table);
   }
   // The try-it form of a model that was not ready when it was picked, once it is.
-  const picked = tryForm.model && !tryForm.spec && !tryForm.loading &&
-    doc.servers.find((s) => s.id === tryForm.model);
-  if (picked && picked.ready) loadTryForm(tryForm.model);
+  for (const s of doc.servers) tryForm.ready.set(s.id, !!s.ready);
+  const stale = tryForm.model && (!tryForm.spec || tryForm.provisional) && !tryForm.loading;
+  if (stale && tryForm.ready.get(tryForm.model)) loadTryForm(tryForm.model);
   const sel = $("log-server");
   if (!sel.options.length) {
     for (const s of doc.servers.flatMap((g) => [g, ...(g.replicas || [])])) {
@@ -128,7 +128,9 @@ function fileToBase64(file) {
 // other inputs as text fields, "More params" as the `params` part); a built-in keeps
 // the JSON envelope, its image picker filling `images`. Without a document (a model
 // not ready yet) the panel is the plain one: an image and free params JSON.
-const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, blobs: [], loading: false };
+// ready: the servers' readiness from the last status; a document fetched while its model
+// was not ready (a model still loading describes no inputs) is used but not kept.
+const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, blobs: [], loading: false, ready: new Map(), provisional: false };
 const SCALARS = ["string", "integer", "number", "boolean"];
 const isBlob = (v) => typeof Blob !== "undefined" && v instanceof Blob;
 
@@ -254,7 +256,7 @@ function readField(f, node) {
 }
 
 async function loadTryForm(id) {
-  tryForm.model = id || null; tryForm.spec = null; tryForm.inputs = new Map();
+  tryForm.model = id || null; tryForm.spec = null; tryForm.inputs = new Map(); tryForm.provisional = false;
   const fields = $("try-fields");
   fields.replaceChildren(); fields.setAttribute("data-model", id || ""); fields.setAttribute("data-kind", "");
   $("try-about").textContent = "";
@@ -271,7 +273,7 @@ async function loadTryForm(id) {
       return;
     }
     doc = r.doc;
-    tryForm.docs.set(id, doc);
+    if (tryForm.ready.get(id)) tryForm.docs.set(id, doc); else tryForm.provisional = true;
   }
   const spec = formSpec(doc);
   tryForm.spec = spec;
