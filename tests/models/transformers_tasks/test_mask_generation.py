@@ -21,13 +21,12 @@ from tests.models.transformers_tasks.conftest import png
 
 OPEN = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0, "stability_score_offset": 0.0}
 
-pytestmark = pytest.mark.slow
-
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+@pytest.mark.slow
 def test_sam_vit_base_layout_runs_a_200x150_picture(layout, serve) -> None:
     """A 1024-px / 16-px SAM directory segments a 200×150 picture as a job (the
     report's failing case): masks of the picture's size, progress per batch."""
@@ -44,6 +43,7 @@ def test_sam_vit_base_layout_runs_a_200x150_picture(layout, serve) -> None:
     assert data["overlay"] is None
 
 
+@pytest.mark.slow
 def test_png_masks_and_overlay_are_result_files(layout, serve) -> None:
     """output_mode binary_mask_png returns each mask as a PNG file; return_overlay a
     colour overlay of the picture's size."""
@@ -63,6 +63,7 @@ def test_png_masks_and_overlay_are_result_files(layout, serve) -> None:
     assert overlay.size == (64, 48) and overlay.mode == "RGB"
 
 
+@pytest.mark.slow
 def test_a_bad_amg_input_is_a_422(layout, serve) -> None:
     """An AMG input outside its range, or an unknown output mode, is refused."""
     srv = serve(layout("mask-generation"))
@@ -82,6 +83,7 @@ def test_the_reported_directory_is_refused_at_load_naming_the_keys(tmp_path: Pat
         create_model("SAM_AMG", {"pretrained": str(tmp_path)}, tmp_path)
 
 
+@pytest.mark.slow
 def test_sam_amg_serves_the_sam_vit_base_layout(layout: Callable[[str], Path], tmp_path) -> None:
     """SAM_AMG itself runs a 1024-px / 16-px directory on a 200×150 picture (its
     geometry follows the checkpoint's config: 256-px low-resolution masks)."""
@@ -101,6 +103,7 @@ def test_sam_amg_serves_the_sam_vit_base_layout(layout: Callable[[str], Path], t
     assert (data["width"], data["height"]) == (200, 150) and data["masks"]
 
 
+@pytest.mark.slow
 def test_a_processor_of_another_size_is_refused(layout, tmp_path: Path) -> None:
     """An image processor padding to another size than the encoder's input is named."""
     import json
