@@ -30,10 +30,11 @@ MODEL_FACTORIES: Mapping[str, str] = {
     "YOLOV8": "mortred_twisted.models.detection.yolov8:create",
     "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:create",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
+    "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
 }
 
 #: Built-in types whose models are SDK models (named inputs, multipart forms).
-SDK_TYPES: frozenset[str] = frozenset({"transformers"})
+SDK_TYPES: frozenset[str] = frozenset({"transformers", "diffusers"})
 
 
 def known_model_types() -> list[str]:
