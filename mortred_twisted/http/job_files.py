@@ -14,7 +14,8 @@ serves it:
   ``Content-Range: bytes */<size>``; several ranges, or ``If-Range`` with another
   tag: the whole file (200);
 * another caller's job, an unknown job, an unknown or unsafe name: 404 (as every job
-  route: ids cannot be probed); a job not done yet: 409.
+  route: ids cannot be probed); a job not done yet: 409, except the files a running
+  job has already written (its ``preview`` events name them), served uncached.
 
 The file is read on a thread (``runtime.io_threads``), never on the reactor.
 :func:`prefers_inline` reads a submit's ``Prefer: return=inline``; when the server
@@ -150,9 +151,9 @@ class JobFileRoutes:
         snap = self._visible(request, snap)
         if snap is None:
             return self.responder.lookup_error(request, job_id)
-        if snap.state is not JobState.DONE:
-            conflict = ApiError(E.JOB_NOT_FINISHED, f"job not finished (state: {snap.state.value})")
-            return self.responder.job_error(request, conflict, rid)
+        running = snap.state is JobState.RUNNING
+        if snap.state is not JobState.DONE and not running:
+            return self._not_finished(request, snap, rid)
         files = self.runtime.result_files
         try:
             check_name(name)
@@ -161,11 +162,23 @@ class JobFileRoutes:
         if files is None:
             return self._missing(request, name, rid)
         looked = self.runtime.io_threads(files.lookup, job_id, name)
+        if running:  # a preview the run emitted is served; what it has not written is 409
+            return looked.addCallback(
+                lambda f: (
+                    self._serve(request, name, f, snap, rid)
+                    if f is not None
+                    else self._not_finished(request, snap, rid)
+                )
+            )
         return looked.addCallback(lambda f: self._serve(request, name, f, snap, rid))
+
+    def _not_finished(self, request: IRequest, snap: JobSnapshot, rid: str | None) -> bytes:
+        conflict = ApiError(E.JOB_NOT_FINISHED, f"job not finished (state: {snap.state.value})")
+        return self.responder.job_error(request, conflict, rid)
 
     def _max_age(self, snap: JobSnapshot) -> int:
         ttl_ms = self.runtime.config.async_job_ttl
-        if ttl_ms <= 0 or snap.completed_unix is None:
+        if ttl_ms <= 0 or snap.completed_unix is None or snap.state is not JobState.DONE:
             return 0
         return max(0, int(snap.completed_unix + ttl_ms / 1000.0 - self._now()))
 

@@ -135,3 +135,30 @@ def test_a_streaming_model_sends_previews_and_outputs_on_the_event_stream() -> N
         assert [item["name"] for item in result["data"]] == [
             "output-0.png", "output-1.png", "output-2.png",
         ]  # fmt: skip
+
+
+def test_files_a_running_job_has_written_are_served_while_it_runs() -> None:
+    """An output event's file can be fetched before the job ends; the rest is 409."""
+    import http.client
+
+    with model_server(HERE / "frames.toml") as frames:
+        status, doc = frames.json("POST", "/jobs", {"params": {"n": 40}})
+        assert status == 202
+        job = doc["job_id"]
+        conn = http.client.HTTPConnection("127.0.0.1", frames.port, timeout=30)
+        conn.request("GET", f"/jobs/{job}/events", headers={"Host": "localhost"})
+        stream = conn.getresponse()
+        url = None
+        while url is None:
+            line = stream.fp.readline().decode()
+            assert line, "the stream ended before an output event"
+            if line.startswith("data: ") and '"url"' in line:
+                url = json.loads(line[len("data: ") :])["url"]
+        status, _, body = frames.request("GET", url)
+        assert status == 200 and body.startswith(b"\x89PNG")
+        _, snap = frames.json("GET", f"/jobs/{job}")
+        assert snap["state"] == "running"
+        status, _, _ = frames.request("GET", f"/jobs/{job}/files/output-39.png")
+        assert status == 409
+        conn.close()
+        frames.json("DELETE", f"/jobs/{job}")
