@@ -162,8 +162,9 @@ class RequestChecks:
     ) -> EarlyResponse | None:
         """The answer to a request with a body, decided from its head alone (before
         a body byte is read), or None to read it: 421 (Host, on a port without a
-        token) → 404 (no route) → 405 → 401 → 415 (POST routes: the body must be JSON)
-        → 413 (``length`` over the limit; -1: chunked, checked while it is read)."""
+        token) → 404 (no route) → 405 → 401 → 413 (a route that takes no body: all
+        but the POST routes) → 415 (POST routes: the body must be JSON) → 413
+        (``length`` over the limit; -1: chunked, checked while it is read)."""
         refused = self.host_refused(headers.getRawHeaders(b"host", [None])[-1])
         if refused is not None:
             return self.early_response(path, headers, refused)
@@ -173,6 +174,8 @@ class RequestChecks:
             err = self._route_error(method, route_path)
         if err is None:
             err = self.auth_error(headers)
+        if err is None and method.upper() != b"POST":  # only POST routes take a body
+            err = ApiError(E.ENTITY_TOO_LARGE, "this route takes no request body")
         content_type = headers.getRawHeaders(b"content-type", [None])[0]
         if err is None and method.upper() == b"POST" and not self.body_type_accepted(content_type):
             err = self.unsupported_type()

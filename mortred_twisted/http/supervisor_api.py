@@ -521,8 +521,9 @@ class SupervisorPort:
 
     def refuse_head(self, proxy: ServerRequest, length: int) -> bytes | None:
         """Before a body byte is read: 421 (Host), 404/405 (no such route or method),
-        401 (every route that takes a body needs the token), 415 (the try-it proxy
-        takes JSON or ``multipart/form-data``)."""
+        401 (every route that takes a body needs the token), 413 (a GET, HEAD or
+        DELETE route: none takes a body), 415 (the try-it proxy takes JSON or
+        ``multipart/form-data``)."""
         refused = self._guard(proxy)
         if refused is not None:
             return refused
@@ -533,6 +534,8 @@ class SupervisorPort:
             return _json(proxy, 404, {"error": "not found"})
         if not self.api._authorized(proxy):
             return self.api._deny(proxy)
+        if proxy.method in (b"GET", b"HEAD", b"DELETE"):  # routes that take no body
+            return _json(proxy, 413, {"error": "this route takes no request body"})
         content_type = proxy.getHeader(b"content-type") or b""
         if endpoint == "infer" and not (
             content_type.lower().startswith(b"application/json") or _is_form(content_type)

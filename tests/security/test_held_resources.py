@@ -139,3 +139,28 @@ def test_the_gateway_refuses_a_body_on_a_route_that_takes_none_from_its_head(
         raw, closed = read_until_closed(sock, 10)
     assert raw.startswith(b"HTTP/1.1 413 ") and closed, raw[:200]
     assert b"100 Continue" not in raw and b"takes no request body" in raw
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "path"),
+    [
+        ("model", b"GET", b"/healthz"),
+        ("model", b"DELETE", b"/jobs/job_0123"),
+        ("supervisor", b"GET", b"/api/v1/status"),
+        ("supervisor", b"DELETE", b"/api/v1/jobs/FAKE_ASYNC/job_0123"),
+    ],
+)
+def test_model_and_supervisor_refuse_a_body_on_a_route_that_takes_none(
+    processes: dict[str, Target], name: str, method: bytes, path: bytes
+) -> None:
+    """With credentials, 16 MB announced to a GET or DELETE route: 413 from the head,
+    no 100 Continue, closed (before: 100 Continue, and the body was read)."""
+    target = processes[name]
+    with socket.create_connection(("127.0.0.1", target.port), timeout=10) as sock:
+        sock.sendall(
+            method + b" " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + target.auth
+            + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % MAX_BODY
+        )  # fmt: skip
+        raw, closed = read_until_closed(sock, 10)
+    assert raw.startswith(b"HTTP/1.1 413 ") and closed, raw[:200]
+    assert b"100 Continue" not in raw and b"takes no request body" in raw
