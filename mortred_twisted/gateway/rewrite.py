@@ -141,7 +141,8 @@ MAX_RECORD = 1 << 20
 def rewrite_event_data(records: bytes, prefix: str) -> bytes:
     """Complete ``text/event-stream`` records (or whole lines) with each ``data:``
     line's job URLs under ``prefix`` (a line stays one line: JSON never holds a raw
-    line break)."""
+    line break): a status's ``poll_url``/``result_url``, and the result files an SDK
+    model's ``preview``/``output`` events describe (``"url"``)."""
     if b"/jobs/" not in records:
         return records
     out = []
@@ -149,7 +150,8 @@ def rewrite_event_data(records: bytes, prefix: str) -> bytes:
         if line.startswith(b"data:"):
             body = line.rstrip(b"\r\n")
             lead = 6 if body.startswith(b"data: ") else 5
-            line = body[:lead] + rewrite_urls(body[lead:], prefix) + line[len(body) :]
+            data = rewrite_file_urls(rewrite_urls(body[lead:], prefix), prefix)
+            line = body[:lead] + data + line[len(body) :]
         out.append(line)
     return b"".join(out)
 

@@ -102,3 +102,15 @@ def test_result_file_urls_move_under_the_public_prefix() -> None:
         b'{"data":{"a":{"url":"/v1/models/M/jobs/j/files/a.png"},"s":"{\\"url\\":\\"/jobs/x\\"}"}}'
     )
     assert rewrite_file_urls(b'{"data":1}', gateway_prefix("M")) == b'{"data":1}'
+
+
+def test_an_sdk_models_file_urls_in_its_events_are_rewritten() -> None:
+    """A preview/output event's result-file url points at the public prefix."""
+    from mortred_twisted.gateway.rewrite import EventRecords
+
+    records = EventRecords("/v1/models/M/jobs/")
+    raw = b'id: m1\nevent: output\ndata: {"url":"/jobs/job_1/files/output-0.png","name":"x"}\n\n'
+    assert records.feed(raw) == (
+        b'id: m1\nevent: output\ndata: {"url":"/v1/models/M/jobs/job_1/files/output-0.png",'
+        b'"name":"x"}\n\n'
+    )
