@@ -9,6 +9,8 @@ or the unknown class. :func:`load_pipeline` loads the directory with diffusers
 asked, applies the memory options and caches it per (directory, device, dtype,
 options), so the ``worker_nums`` instances of one server share one read-only copy.
 No safety checker runs (the SD classes are loaded with ``safety_checker=None``).
+A directory that carries a sha256 ``manifest.json`` (ours do, see
+``models/diffusion/manifest.py``) has every file checked against it before loading.
 """
 
 from __future__ import annotations
@@ -144,8 +146,22 @@ def _signature(path: Path) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+def verify_manifest(path: Path) -> None:
+    """Check every file of ``path`` against its ``manifest.json`` when it has one."""
+    from mortred_twisted.models.diffusion import manifest
+
+    if not (path / manifest.MANIFEST_NAME).is_file():
+        return
+    try:
+        manifest.verify_files(path, manifest.read_manifest(path), manifest.pipeline_files(path))
+    except manifest.ManifestError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
 def _load(directory: Directory, device: Any, dtype: Any, slicing: bool, tiling: bool) -> Any:
     import diffusers
+
+    verify_manifest(directory.path)
 
     extra: dict[str, Any] = {}
     if directory.layout == "sd":

@@ -91,3 +91,17 @@ def test_bad_options_are_reported_together(pipelines: dict[str, Path]) -> None:
     with pytest.raises(ModelLoadError) as caught:
         create_model("diffusers", options, Path("."))
     assert "needs device 'cuda'" in str(caught.value) and "colour: unknown key" in str(caught.value)
+
+
+def test_a_file_that_differs_from_its_manifest_is_named(
+    pipelines: dict[str, Path], tmp_path: Path
+) -> None:
+    """A directory with a sha256 manifest whose scheduler config changed fails naming it."""
+    from mortred_twisted.models.diffusion.manifest import write_manifest
+
+    checked = copy(pipelines["ddpm"], tmp_path / "ddpm")
+    write_manifest(checked)
+    config = checked / "scheduler" / "scheduler_config.json"
+    config.write_text(config.read_text().replace("1000", "999"))
+    with pytest.raises(ModelLoadError, match=r"scheduler_config.json"):
+        create_model("diffusers", {"path": str(checked)}, Path("."))
