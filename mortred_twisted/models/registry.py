@@ -54,6 +54,7 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     target = MODEL_FACTORIES.get(model_type)
     if target is None:  # a user's model: module:Class, file.py:Class or an entry point
         return create_sdk_model(model_type, options, root)
+    refuse_entry_point_clash(model_type)
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -69,6 +70,20 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     model = factory(options, root)
     model.input_limits = limits
     return model
+
+
+def refuse_entry_point_clash(model_type: str) -> None:
+    """Refuse to start a built-in type that another installed package also registers
+    (entry-point group ``mortred_twisted.models``): which one the operator meant is
+    ambiguous, so the server stays not ready and says which package to rename."""
+    from mortred_twisted.sdk.loading import entry_point_names
+
+    other = entry_point_names().get(model_type)
+    if other is not None:
+        raise ModelLoadError(
+            f"model type {model_type!r} is a built-in type, and an installed package also "
+            f"registers it as an entry point ({other}); rename that entry point"
+        )
 
 
 def create_sdk_model(model_type: str, options: Mapping[str, Any], root: Path) -> Model:

@@ -25,3 +25,16 @@ def test_this_packages_own_entry_points_are_not_a_clash() -> None:
     from mortred_twisted.sdk.loading import entry_point_names
 
     assert not set(entry_point_names()) & set(MODEL_FACTORIES)
+
+
+def test_a_built_in_name_another_package_registers_is_refused_at_start(monkeypatch) -> None:
+    """A server of type DDPM does not start while another package registers DDPM."""
+    import pytest
+
+    from mortred_twisted.models.base import ModelLoadError
+    from mortred_twisted.models.registry import create_model
+    from mortred_twisted.sdk import loading
+
+    monkeypatch.setattr(loading, "entry_point_names", lambda: {"fake": "evil.mod:Fake"})
+    with pytest.raises(ModelLoadError, match=r"built-in type.*evil\.mod:Fake"):
+        create_model("fake", {}, ROOT)
