@@ -274,25 +274,6 @@ class AutomaticMaskGenerator:
                     self._upscale(picked, crop.crop_box, config), crop.crop_box, masks, chunk
                 )
         ious = torch.stack([crops[c].ious[i] for c, i in index])
-        order = torch.sort(ious, descending=True, stable=True).indices[: config.max_masks]
-        index = [index[i] for i in order.tolist()]
-        # The only full-size masks: written in place, chunk by chunk, never copied
-        # (records hold views of rows of this one tensor).
-        masks = torch.zeros((len(index), h, w), dtype=torch.bool)
-        for c, crop in enumerate(crops):
-            rows = [r for r, (cc, _) in enumerate(index) if cc == c]
-            for start in range(0, len(rows), 16):
-                chunk = rows[start : start + 16]
-                picked = crop.logits[torch.tensor([index[r][1] for r in chunk])]
-                x0, y0, x1, y1 = crop.crop_box
-                masks[chunk[0] : chunk[-1] + 1, y0:y1, x0:x1] = (
-                    self._upscale(picked, crop.crop_box, config)
-                    if chunk == list(range(chunk[0], chunk[-1] + 1))
-                    else masks[chunk[0] : chunk[-1] + 1, y0:y1, x0:x1]
-                )
-                if chunk != list(range(chunk[0], chunk[-1] + 1)):
-                    masks[chunk, y0:y1, x0:x1] = self._upscale(picked, crop.crop_box, config)
-        ious = torch.stack([crops[c].ious[i] for c, i in index])
         stabs = torch.stack([crops[c].stabs[i] for c, i in index])
         pts_all = torch.stack([crops[c].points[i] for c, i in index])
         crop_boxes = [crops[c].crop_box for c, _ in index]

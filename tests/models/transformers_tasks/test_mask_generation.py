@@ -117,3 +117,24 @@ def test_a_processor_of_another_size_is_refused(layout, tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     with pytest.raises(ModelLoadError, match=r"pad_size.height = 256 but vision_config.image_size"):
         create_model("transformers", {"pretrained": str(directory)}, tmp_path)
+
+
+def test_each_kept_mask_is_resized_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator resizes each kept low-resolution mask to full size once (it
+    used to build every full-size mask twice)."""
+    from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+
+    model = create_model("SAM_AMG", {}, Path.cwd())
+    generator = model.generator
+    resized: list[int] = []
+    original = AutomaticMaskGenerator._upscale
+
+    def counting(logits, crop_box, config):
+        resized.append(len(logits))
+        return original(logits, crop_box, config)
+
+    monkeypatch.setattr(AutomaticMaskGenerator, "_upscale", staticmethod(counting))
+    rgb = np.asarray(Image.open("demo_data/perception/scene_1.png").convert("RGB"))
+    records = generator.generate(rgb, AmgConfig(points_per_side=8, **OPEN))
+    assert records
+    assert sum(resized) == len(records)
