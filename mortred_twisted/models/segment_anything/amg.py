@@ -14,7 +14,7 @@ overlapping crops):
 3. keep masks whose predicted IoU is ``> pred_iou_thresh`` and whose stability score
    (:func:`stability_score`, offset ``stability_score_offset``) is
    ``> stability_score_thresh``, and whose box does not touch an inner crop edge -
-   all on the decoder's low-resolution logits over the crop's area (64 px for the
+   all on the decoder's low-resolution logits over the crop's area (128 px for the
    shipped model, 256 px for SAM ViT-B/L/H), so the cost does not grow with the
    picture; at most :data:`CANDIDATES_PER_CROP` candidates (highest predicted IoU)
    are held;

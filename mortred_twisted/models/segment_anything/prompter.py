@@ -122,7 +122,7 @@ class SamPrompter:
 
     The geometry follows the checkpoint's config (:func:`check_sam_geometry`): the
     input size and embedding grid of its vision encoder, the mask decoder's
-    low-resolution masks at 4x that grid (64 px for the shipped model, 256 px for
+    low-resolution masks at 4x that grid (128 px for the shipped model, 256 px for
     sam-vit-base). Raises :class:`ModelLoadError` for a config that cannot run."""
 
     def __init__(self, model: torch.nn.Module, processor: Any, device: torch.device) -> None:
