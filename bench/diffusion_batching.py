@@ -1,6 +1,6 @@
 """Step batching of diffusion jobs: throughput and latency, batched vs one at a time.
 
-    .venv/bin/python bench/diffusion_batching.py [--models DDIM,LDM] [--clients 1,4,8,16]
+    .venv/bin/python bench/diffusion_batching.py [--models DDIM,LDM,TXT2IMG] [--clients 1,4,8,16]
         [--seconds 10] [--capacity 8] [--max-batch-images 32]
         [--scheduler dpmsolver++] [--steps 20] [--json out.json]
     .venv/bin/python bench/diffusion_batching.py --tolerance [--models DDPM,DDIM,...]
@@ -27,6 +27,9 @@ drain included, / every job of the slice: what a job costs whatever share of the
 cores the server got, so the figure to compare when other work loads the machine),
 and the ratios batched / one at a time. With 1 client the ratio of p50s is "a
 job alone against today's".
+
+``TXT2IMG`` (``type = "diffusers"``, a Stable Diffusion layout) sends a prompt per job
+(:data:`PROMPT`, guided at the catalog's ``guidance_scale``: two UNet rows per job).
 
 ``--tolerance`` measures instead, in process, how far an image sampled in a batch is
 from the same seed sampled alone: 16 seeds, each model, three schedulers, max
@@ -60,7 +63,11 @@ SERVERS = {
     "DDIM": "conf/server/diffusion/ddim.toml",
     "CLS_COND_DDIM": "conf/server/diffusion/cls_cond_ddim.toml",
     "LDM": "conf/server/diffusion/ldm.toml",
+    # type = "diffusers" (an SDK model): options inline, a prompt per job, no images
+    "TXT2IMG": "conf/server/diffusion/txt2img.toml",
 }
+#: The prompt of the text-to-image rows (each job gets it with its own seed).
+PROMPT = "a red circle in the top left on a blue background"
 IMG = base64.b64encode(b"ignored by generative models").decode()
 
 
@@ -68,8 +75,13 @@ def server_toml(model: str, overrides: dict[str, Any], folder: Path, device: str
     """The catalog config of ``model`` with model ``overrides`` and queues that never
     refuse during the benchmark (absolute paths: the file lives in /tmp)."""
     doc = tomllib.loads((ROOT / SERVERS[model]).read_text())
-    options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
-    options["pretrained"] = str(ROOT / options["pretrained"])
+    if "config" in doc["model"]:
+        options = tomllib.loads((ROOT / doc["model"]["config"]).read_text())
+        options["pretrained"] = str(ROOT / options["pretrained"])
+    else:  # type = "diffusers": the options are the server file's [model] table
+        options = {k: v for k, v in doc["model"].items() if k != "type"}
+        options["path"] = str(ROOT / options["path"])
+        overrides = {k: v for k, v in overrides.items() if k != "channels_last"}
     options.update(device=device, **overrides)
     server = {
         **doc["server"],
@@ -97,7 +109,10 @@ def cpu_seconds(pid: int) -> float:
 
 async def one_job(conn: Connection, params: dict[str, Any]) -> float:
     """Submit, wait, fetch the result; the latency in ms (raises on any failure)."""
-    body = json.dumps({"images": [IMG], "req_id": "bench", "params": params}).encode()
+    envelope: dict[str, Any] = {"req_id": "bench", "params": params}
+    if "prompt" not in params:  # the built-in families take the seed envelope's images
+        envelope["images"] = [IMG]
+    body = json.dumps(envelope).encode()
     hdrs = {"Content-Type": "application/json"}
     t0 = time.perf_counter()
     resp = await conn.request("POST", "/jobs", body, hdrs)
@@ -146,13 +161,15 @@ async def load(port: int, clients: int, seconds: float, params: dict[str, Any]) 
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    params = {"scheduler": args.scheduler, "sample_steps": args.steps}
     levels = [int(c) for c in args.clients.split(",")]
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="bench-diffusion-"))
     print("| model | clients | mode | jobs/s | p50 ms | p99 ms | CPU ms/job | jobs | errors |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
+        params = {"scheduler": args.scheduler, "sample_steps": args.steps}
+        if model == "TXT2IMG":
+            params["prompt"] = PROMPT
         modes = {
             "one at a time": {"max_running_jobs": 1, "channels_last": False},
             "batched": {
@@ -291,7 +308,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.tolerance:
-        args.models = args.models or ",".join(SERVERS)
+        args.models = args.models or ",".join(m for m in SERVERS if m != "TXT2IMG")
         rows = tolerance(args)
     else:
         args.models = args.models or "DDIM,LDM"
