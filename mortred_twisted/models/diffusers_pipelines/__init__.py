@@ -8,6 +8,7 @@
 * :mod:`.kinds` — one :class:`~mortred_twisted.sdk.ServedModel` per pipeline kind,
   its inputs declared by its ``predict`` signature;
 * :mod:`.prompt_batch` — text-to-image runs stepped together (one UNet call per step);
+* :mod:`.pipe_call` — the unbatched kinds' runs (diffusers' calls, or our plain loop);
 * :mod:`.sampling` — what the kinds share: plans, pictures, previews, the result;
 * :mod:`.batched` — the SDK adapter that hands a kind's step batch to the server.
 
