@@ -71,6 +71,8 @@ setup(
             "hypothesis>=6.100",
             "scikit-learn>=1.4",
             "ruff>=0.6",
+            # + requirements/s3-test.txt (the S3 server of the result-file tests,
+            # pinned by hash, which an extra cannot do; `make install` installs it)
         ],
         "train": ["scikit-learn>=1.4"],
     },

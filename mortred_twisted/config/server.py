@@ -75,6 +75,8 @@ class ServerConfig:
     webhook_secret: str = ""  # Standard Webhooks signing secret (env MORTRED_WEBHOOK_SECRET)
     output_files: str = "files"  # SDK jobs' Image/File outputs: "files" (URLs) or "inline"
     result_files_dir: str = ""  # where result files live ("": see stores/result_files.py)
+    result_files_s3_endpoint: str = ""  # for an s3:// result_files_dir ("": AWS's)
+    result_files_s3_region: str = "us-east-1"
     model_type: str = "fake"
     model_config: str | None = None
     model_options: Mapping[str, Any] = field(default_factory=dict)
@@ -134,6 +136,8 @@ SERVER_KEYS: Mapping[str, tuple[type, ...]] = MappingProxyType(
         "webhook_secret": (str,),
         "output_files": (str,),
         "result_files_dir": (str,),
+        "result_files_s3_endpoint": (str,),
+        "result_files_s3_region": (str,),
     }
 )
 
@@ -337,6 +341,39 @@ def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
+def _s3_problems(server: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """An ``s3://`` ``result_files_dir``: its URL, endpoint, region and credentials."""
+    from mortred_twisted.stores.result_files_s3 import (
+        credentials_problem,
+        is_s3_url,
+        parse_s3_url,
+    )
+
+    where = server.get("result_files_dir", "")
+    if not isinstance(where, str) or not is_s3_url(where):
+        return []
+    problems: list[str] = []
+    try:
+        parse_s3_url(where)
+    except ValueError as exc:
+        problems.append(f"server.result_files_dir: {exc}")
+    endpoint = server.get("result_files_s3_endpoint", "")
+    if isinstance(endpoint, str) and endpoint:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            problems.append(
+                f"server.result_files_s3_endpoint: an http(s) URL, e.g. "
+                f"'http://127.0.0.1:8333' (got {endpoint!r})"
+            )
+    region = server.get("result_files_s3_region", "us-east-1")
+    if isinstance(region, str) and not (region and region.replace("-", "").isalnum()):
+        problems.append(f"server.result_files_s3_region: e.g. 'us-east-1' (got {region!r})")
+    missing = credentials_problem(env)
+    if missing is not None:
+        problems.append(f"server.result_files_dir = {where!r}: {missing}")
+    return problems
+
+
 def build_server_config(
     document: Mapping[str, Any],
     *,
@@ -403,6 +440,7 @@ def build_server_config(
     output_files = server.get("output_files", "files")
     if output_files not in ("files", "inline"):
         problems.append(f"server.output_files: must be 'files' or 'inline' (got {output_files!r})")
+    problems.extend(_s3_problems(server, env if env is not None else os.environ))
     uri = server.get("server_uri", "/infer")
     if isinstance(uri, str) and not uri.startswith("/"):
         problems.append(f"server.server_uri: must start with '/' (got {uri!r})")

@@ -17,7 +17,8 @@ serves it:
   route: ids cannot be probed); a job not done yet: 409, except the files a running
   job has already written (its ``preview`` events name them), served uncached.
 
-The file is read on a thread (``runtime.io_threads``), never on the reactor.
+The file is looked up and read on a thread (``runtime.io_threads``: the store's
+``lookup`` and ``read``, a file or an S3 object), never on the reactor.
 :func:`prefers_inline` reads a submit's ``Prefer: return=inline``; when the server
 honours it (:func:`inline_applied`: an SDK model, whose outputs may hold files) the
 answer says so with ``Preference-Applied: return=inline`` (RFC 7240 §3): the 202 of
@@ -100,13 +101,6 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 def _etag_matches(header: str, etag: str) -> bool:
     tags = [t.strip() for t in header.split(",")]
     return "*" in tags or any(t.removeprefix("W/") == etag for t in tags)
-
-
-def read_part(path: str, start: int, length: int) -> bytes:
-    """``length`` bytes of ``path`` from ``start`` (blocking: on a thread)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(length)
 
 
 class JobFileRoutes:
@@ -223,4 +217,4 @@ class JobFileRoutes:
         set_header(b"Content-Length", b"%d" % length)
         if request.method == b"HEAD" or length == 0:
             return b""
-        return self.runtime.io_threads(read_part, found.path, start, length)
+        return self.runtime.io_threads(self.runtime.result_files.read, found, start, length)

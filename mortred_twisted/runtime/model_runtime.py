@@ -13,6 +13,7 @@ Thread contract: reactor thread, except :meth:`load_models`' body (model thread)
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,14 @@ from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
 from mortred_twisted.stores.memory_store import MemoryJobStore
 from mortred_twisted.stores.result_files import (
-    DirectoryResultFiles,
     JobFiles,
+    ResultFiles,
     ResultFileSweeper,
     ledger_states,
+    open_result_files,
     redis_states,
 )
+from mortred_twisted.stores.result_files_s3 import is_s3_url
 from mortred_twisted.stores.wire import decode_request, encode_request
 
 log = Logger()
@@ -81,7 +84,7 @@ class ModelRuntime:
         #: threads when not given (the tap gives the reactor's own pool)
         self.io_threads = io_threads or threads.run
         #: the SDK jobs' result files (None until an SDK model loaded with async on)
-        self.result_files: DirectoryResultFiles | None = None
+        self.result_files: ResultFiles | None = None
         self._files_sweeper: ResultFileSweeper | None = None
         self.clock = clock
         self.threads = threads
@@ -216,6 +219,8 @@ class ModelRuntime:
         it): ``<result_files_dir or <root>/var/results>/<model id>``; None: this
         process's own temporary directory (the memory store's default)."""
         cfg = self.config
+        if is_s3_url(cfg.result_files_dir):
+            return None  # an object store (see _open_result_files)
         if cfg.result_files_dir:
             return Path(cfg.root) / cfg.result_files_dir / cfg.id
         if cfg.job_store == "redis":
@@ -225,8 +230,7 @@ class ModelRuntime:
     def _open_result_files(self) -> None:
         """Result files for an SDK model's jobs (nothing for the built-in models:
         their envelope stays the seed's)."""
-        where = self.result_files_dir()
-        files = DirectoryResultFiles.private() if where is None else DirectoryResultFiles(where)
+        files = open_result_files(self.config, self.result_files_dir(), os.environ)
         self.result_files = files
         ledger = self.ledger
         states = ledger_states(ledger) if ledger is not None else redis_states(self.store)

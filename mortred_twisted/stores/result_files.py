@@ -16,7 +16,9 @@ never sees half a file. Concurrent puts of one name end with one of them, whole.
 Who uses which root: the memory job store a private temporary directory per process
 (removed at shutdown: its jobs die with the process); the Redis store a directory
 every replica of the model id reaches (``result_files_dir``, default
-``<root>/var/results/<model id>``), never bytes inside Redis.
+``<root>/var/results/<model id>``), never bytes inside Redis. A ``result_files_dir``
+of ``s3://<bucket>/<prefix>`` puts them in an S3-compatible object store instead
+(``result_files_s3.py``: the same interface, :class:`ResultFiles`).
 
 **Names** are checked again here (the encoder already makes safe ones): a job id or
 file name with ``/``, ``\\``, NUL, a control character, a leading dot (``..``, the
@@ -46,7 +48,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from twisted.logger import Logger
 
@@ -58,6 +60,8 @@ log = Logger()
 MAX_NAME = 200
 _SAFE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 _META = ".meta"
+#: locks that keep a put's bytes and sidecar together (striped by name)
+_PUT_LOCKS = 32
 #: job ids whose states one store read asks for (one pipeline on Redis)
 SWEEP_BATCH = 256
 #: state reads per sweep pass (a pass lists ``SWEEP_BATCH * SWEEP_BATCHES`` job ids
@@ -122,7 +126,7 @@ class DirectoryResultFiles:
         self.root = str(root)
         self.owned = owned
         os.makedirs(self.root, exist_ok=True)
-        self._lock = threading.Lock()
+        self._locks = tuple(threading.Lock() for _ in range(_PUT_LOCKS))
 
     @classmethod
     def private(cls) -> DirectoryResultFiles:
@@ -144,8 +148,12 @@ class DirectoryResultFiles:
         os.makedirs(directory, exist_ok=True)
         digest = hashlib.sha256(data).hexdigest()
         meta = {"content_type": str(content_type), "size": len(data), "sha256": digest}
-        _write_atomically(directory, name, data)
-        _write_atomically(directory, f".{name}{_META}", json.dumps(meta).encode("utf-8"))
+        sidecar = json.dumps(meta).encode("utf-8")
+        # bytes and sidecar of one put, never of two (in process; puts of other
+        # names go on in parallel: one lock of a few per name)
+        with self._locks[hash((job_id, name)) % len(self._locks)]:
+            _write_atomically(directory, name, data)
+            _write_atomically(directory, f".{name}{_META}", sidecar)
         _fsync_dir(directory)
         return StoredFile(os.path.join(directory, name), name, meta["content_type"],
                           len(data), digest)  # fmt: skip
@@ -165,6 +173,12 @@ class DirectoryResultFiles:
             return None  # replaced under us by another attempt: ask again later
         return StoredFile(os.path.join(directory, name), name, str(meta["content_type"]),
                           size, str(meta["sha256"]))  # fmt: skip
+
+    def read(self, found: StoredFile, start: int, length: int) -> bytes:
+        """``length`` bytes of a looked-up file from ``start``."""
+        with open(found.path, "rb") as f:
+            f.seek(start)
+            return f.read(length)
 
     def clear(self, job_id: str, keep: Iterable[str] = ()) -> None:
         """Remove what an earlier attempt of ``job_id`` left (all but ``keep``)."""
@@ -197,6 +211,35 @@ class DirectoryResultFiles:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+class ResultFiles(Protocol):
+    """What every result-file store offers (:class:`DirectoryResultFiles`,
+    ``result_files_s3.S3ResultFiles``); all blocking, all thread-safe. ``path`` of a
+    :class:`StoredFile` is the store's own locator (a file path, an object key)."""
+
+    owned: bool
+
+    def sink(self, job_id: str) -> JobFiles: ...
+    def put(self, job_id: str, name: str, data: bytes, content_type: str) -> StoredFile: ...
+    def lookup(self, job_id: str, name: str) -> StoredFile | None: ...
+    def read(self, found: StoredFile, start: int, length: int) -> bytes: ...
+    def clear(self, job_id: str, keep: Iterable[str] = ()) -> None: ...
+    def remove(self, job_id: str) -> None: ...
+    def job_ids(self, after: str = "", limit: int = SWEEP_BATCH) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+def open_result_files(config: Any, directory: Path | None, env: Mapping[str, str]) -> ResultFiles:
+    """The store of a server's result files: S3 for an ``s3://`` ``result_files_dir``
+    (credentials from ``env``), else ``directory`` (None: a private temporary one)."""
+    if str(config.result_files_dir).startswith("s3://"):
+        from mortred_twisted.stores.result_files_s3 import S3ResultFiles
+
+        return S3ResultFiles.from_config(config, env)
+    if directory is None:
+        return DirectoryResultFiles.private()
+    return DirectoryResultFiles(directory)
+
+
 class JobFiles:
     """The files of one run of a job: ``sdk.outputs.FileSink`` (``url_prefix``,
     ``put`` on the worker thread). Its first put removes what an earlier attempt of
@@ -204,7 +247,7 @@ class JobFiles:
 
     __slots__ = ("_files", "_lock", "_names", "job_id", "url_prefix")
 
-    def __init__(self, files: DirectoryResultFiles, job_id: str) -> None:
+    def __init__(self, files: ResultFiles, job_id: str) -> None:
         self._files = files
         self.job_id = job_id
         self.url_prefix = f"/jobs/{job_id}/files/"
