@@ -34,6 +34,8 @@ from tests.stores.test_store_contract import (  # noqa: F401
     take,
 )
 
+SDK_MODELS = Path(__file__).resolve().parents[1] / "e2e" / "sdk_models"
+
 
 @pytest.fixture
 def files(tmp_path: Path) -> DirectoryResultFiles:
@@ -219,7 +221,6 @@ def test_files_of_lru_evicted_jobs_go_without_a_ttl(tmp_path: Path) -> None:
     removed within a few seconds by the result-file sweep (they stayed before)."""
     import time
 
-    from tests.client.test_result_files import SDK_MODELS
     from tests.support.servers import model_server
 
     env = {
