@@ -152,6 +152,11 @@ class TextToImage(_LatentSize, _Diffusers):
         self.xl = self.directory.layout == "sdxl"
         self.run_capacity = 1 if self.xl else self.opts.max_running_jobs
         self._batch: Any = None
+        if self.xl:  # this instance's own pipeline object (its scheduler is per run)
+            import diffusers
+
+            self.xl_pipe = diffusers.StableDiffusionXLPipeline.from_pipe(self.shared)
+            self.xl_pipe.set_progress_bar_config(disable=True)
 
     def step_batch(self) -> Any:
         """The instance's :class:`~.prompt_batch.PromptBatch` (made on first use)."""

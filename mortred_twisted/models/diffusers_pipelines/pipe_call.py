@@ -53,9 +53,7 @@ def _use_scheduler(pipe: Any, model: Any, name: str) -> None:
 
 def text_to_image_xl(model: TextToImage, ctx: Context, plan: TextPlan) -> sampling.Generated:
     """SDXL through ``StableDiffusionXLPipeline.__call__`` (unbatched)."""
-    import diffusers
-
-    pipe = diffusers.StableDiffusionXLPipeline.from_pipe(model.shared)
+    pipe = model.xl_pipe
     _use_scheduler(pipe, model, plan.scheduler)
     ctx.check_cancelled()
     out = pipe(

@@ -140,3 +140,39 @@ def ddpm(out: Path, *, seed: int = 0) -> Path:
     scheduler = DDPMScheduler(num_train_timesteps=1000, clip_sample=True)
     DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(out)
     return out
+
+
+def sdxl(out: Path, *, seed: int = 0) -> Path:
+    """A tiny ``StableDiffusionXLPipeline`` (two CLIP text encoders, the second with a
+    projection; a UNet with SDXL's ``text_time`` added conditioning), 32x32 pictures."""
+    import diffusers
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    tokenizer = tiny_tokenizer()
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=TEXT_WIDTH, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=MAX_TOKENS,
+        hidden_act="quick_gelu", bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        projection_dim=TEXT_WIDTH,
+    )  # fmt: skip
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=2 * TEXT_WIDTH, attention_head_dim=4, norm_num_groups=8,
+        addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + TEXT_WIDTH,
+    )  # fmt: skip
+    pipe = diffusers.StableDiffusionXLPipeline(
+        vae=tiny_vae(), text_encoder=tiny_text_encoder(len(tokenizer)),
+        text_encoder_2=CLIPTextModelWithProjection(config), tokenizer=tokenizer,
+        tokenizer_2=tokenizer, unet=unet,
+        scheduler=diffusers.EulerDiscreteScheduler(**{
+            k: v for k, v in scheduler_config().items()
+            if k not in ("clip_sample", "set_alpha_to_one")
+        }),
+    )  # fmt: skip
+    pipe.save_pretrained(out)
+    return out

@@ -27,6 +27,7 @@ def pipelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "dit": builders.dit(root / "dit"),
         "ddpm": builders.ddpm(root / "ddpm"),
+        "sdxl": builders.sdxl(root / "sdxl"),
     }
 
 

@@ -155,3 +155,23 @@ def test_unconditional_ddpm(make_model: MakeModel) -> None:
     assert [p.shape for p in decoded(data)] == [(16, 16, 3)] * 3
     assert [e["step"] for _, e in events] == [2]
     assert invalid(model, {"num_images": 4}).field == "params.num_images"
+
+
+def test_sdxl_text_to_image_and_image_to_image(make_model: MakeModel) -> None:
+    """An SDXL directory (two text encoders, text_time conditioning) serves a prompt
+    through diffusers' call with our solver, progress and previews (one run at a time),
+    and a picture through its image-to-image pipeline."""
+    model = make_model("sdxl")
+    assert model.run_capacity == 1 and model.step_batch() is None
+    ctx = RunContext()
+    data, events = run(model, {"prompt": "a red circle", "sample_steps": 3, "seed": 1,
+                               "scheduler": "euler", "preview_every": 1}, ctx)  # fmt: skip
+    assert decoded(data)[0].shape == (32, 32, 3) and data["scheduler"] == "euler"
+    assert ctx.last_progress == (3, 3) and [e["step"] for _, e in events] == [1, 2]
+    again, _ = run(model, {"prompt": "a red circle", "sample_steps": 3, "seed": 1,
+                           "scheduler": "euler"})  # fmt: skip
+    assert again["images"][0]["sha256"] == data["images"][0]["sha256"]
+    img2img = make_model("sdxl", task="image-to-image")
+    data, _ = run(img2img, {"image": picture((40, 32)), "prompt": "blue", "strength": 0.5,
+                            "sample_steps": 4, "seed": 2})  # fmt: skip
+    assert decoded(data)[0].shape == (32, 40, 3)

@@ -105,3 +105,11 @@ def test_a_file_that_differs_from_its_manifest_is_named(
     config.write_text(config.read_text().replace("1000", "999"))
     with pytest.raises(ModelLoadError, match=r"scheduler_config.json"):
         create_model("diffusers", {"path": str(checked)}, Path("."))
+
+
+def test_sdxl_needs_its_second_text_encoder(pipelines: dict[str, Path], tmp_path: Path) -> None:
+    """An SDXL directory without text_encoder_2/ fails naming it."""
+    broken = copy(pipelines["sdxl"], tmp_path / "xl")
+    shutil.rmtree(broken / "text_encoder_2")
+    with pytest.raises(ModelLoadError, match=r"missing part 'text_encoder_2'"):
+        create_model("diffusers", {"path": str(broken)}, Path("."))
