@@ -138,3 +138,29 @@ def test_each_kept_mask_is_resized_once(monkeypatch: pytest.MonkeyPatch) -> None
     records = generator.generate(rgb, AmgConfig(points_per_side=8, **OPEN))
     assert records
     assert sum(resized) == len(records)
+
+
+def test_a_cancel_stops_mask_generation_between_batches() -> None:
+    """A job cancelled after its first prompt batch stops there (RunCancelled), with
+    progress reported per batch until then."""
+    from mortred_twisted.models.base import InferenceRequest, RunCancelled, RunContext
+
+    model = create_model(
+        "transformers", {"pretrained": "weights/perception/sam_amg", **OPEN}, Path.cwd()
+    )
+    steps: list[tuple[int, int]] = []
+
+    def on_progress(step: int, total: int) -> None:
+        steps.append((step, total))
+        if step == 1:
+            ctx.cancel()
+
+    ctx = RunContext(on_progress)
+    raw = InferenceRequest(
+        req_id="c",
+        images=(),
+        params={"image": b64(png(64, 48)), "points_per_side": 8, "points_per_batch": 16},
+    )
+    with pytest.raises(RunCancelled):
+        model.run(model.validate(raw), ctx)
+    assert steps == [(0, 4), (1, 4)]
