@@ -136,6 +136,43 @@ def test_other_kinds_serve_jobs(pipelines: dict[str, Path]) -> None:
         app.runtime.close_store()
 
 
+def test_image_to_image_takes_a_multipart_form(pipelines: dict[str, Path]) -> None:
+    """An image-to-image job submitted as multipart/form-data (the picture a file part,
+    the other inputs text fields) ends done with a picture of the form's size."""
+    import base64 as b64
+
+    from tests.models.diffusers_pipelines.test_kinds import picture
+
+    app, clock, threads, stub = make_app(pipelines["sd"], task="image-to-image")
+    png = b64.b64decode(picture((40, 32)))
+    fields = {"prompt": b"a red circle", "strength": b"0.5", "sample_steps": b"4", "seed": b"3"}
+    parts = [
+        b'--XyZ\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + png + b"\r\n"
+    ]
+    for name, value in fields.items():
+        parts.append(f'--XyZ\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
+                     + value + b"\r\n")  # fmt: skip
+    d = stub.request(
+        "POST", "http://localhost/jobs", data=b"".join(parts) + b"--XyZ--\r\n",
+        headers={"Content-Type": "multipart/form-data; boundary=XyZ"},
+    )  # fmt: skip
+    stub.flush()
+    answers: list = []
+    d.addCallback(answers.append)
+    content: list = []
+    answers[0].content().addCallback(content.append)
+    stub.flush()
+    assert answers[0].code == 202, content
+    job = json.loads(content[0])["job_id"]
+    settle(clock, threads)
+    code, body = call(stub, "GET", f"/jobs/{job}/result")
+    assert code == 200, body
+    data = json.loads(body)["data"]
+    assert (data["width"], data["height"], data["seed"]) == (40, 32, 3)
+    app.runtime.close_store()
+
+
 @pytest.mark.slow
 def test_a_job_cancelled_mid_sampling_ends_cancelled(
     pipelines: dict[str, Path], tmp_path: Path
