@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
 from mortred_twisted.http import errors as E
@@ -46,6 +47,7 @@ from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import JobSnapshot
 from mortred_twisted.stores.result_files import BadFileName, StoredFile, check_name
 
+log = Logger()
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d{0,19})\s*-\s*(\d{0,19})\s*$", re.IGNORECASE)
 _PREFER_INLINE = re.compile(rb"(^|[,;\s])return\s*=\s*\"?inline\"?($|[,;\s])", re.IGNORECASE)
 
@@ -157,14 +159,26 @@ class JobFileRoutes:
             return self._missing(request, name, rid)
         looked = self.runtime.io_threads(files.lookup, job_id, name)
         if running:  # a preview the run emitted is served; what it has not written is 409
-            return looked.addCallback(
+            looked.addCallback(
                 lambda f: (
                     self._serve(request, name, f, snap, rid)
                     if f is not None
                     else self._not_finished(request, snap, rid)
                 )
             )
-        return looked.addCallback(lambda f: self._serve(request, name, f, snap, rid))
+        else:
+            looked.addCallback(lambda f: self._serve(request, name, f, snap, rid))
+        return looked.addErrback(self._unreachable, request, rid)
+
+    def _unreachable(self, failure: Any, request: IRequest, rid: str | None) -> bytes:
+        """The store's IO failed (an object store down, a disk error): 503 with
+        Retry-After, never a half-made answer (the file's own headers are dropped)."""
+        failure.trap(OSError)
+        log.warn("result file store: {e}", e=failure.getErrorMessage())
+        for header in (b"ETag", b"Content-Range", b"Accept-Ranges"):
+            request.responseHeaders.setRawHeaders(header, [])  # none is sent
+        err = ApiError(E.NOT_READY, "result file store unavailable", {"Retry-After": "1"})
+        return self.responder.job_error(request, err, rid)
 
     def _not_finished(self, request: IRequest, snap: JobSnapshot, rid: str | None) -> bytes:
         conflict = ApiError(E.JOB_NOT_FINISHED, f"job not finished (state: {snap.state.value})")

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import pytest
-from twisted.internet.defer import succeed
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
@@ -37,7 +37,7 @@ def make_app(**server: Any) -> tuple[ModelServerApp, Clock, HandThreads, MemoryC
     clock, threads = Clock(), HandThreads()
     runtime = ModelRuntime(
         config, clock=clock, threads=threads, metrics=ServerMetrics(), build_model=create_model,
-        io_threads=lambda fn, *args: succeed(fn(*args)),
+        io_threads=maybeDeferred,  # a failure is a failed Deferred, as from a thread
     )  # fmt: skip
     runtime.load_models()
     threads.step()
@@ -362,3 +362,25 @@ def test_the_gateway_forwards_prefer_on_a_submit_only() -> None:
     assert h.model.seen[-1].headers["prefer"] == "return=inline"
     h.call("GET", "/v1/models/ASYNC/jobs/job_known", headers=prefer)
     assert "prefer" not in h.model.seen[-1].headers
+
+
+@pytest.mark.parametrize("failing", ["lookup", "read"])
+def test_a_store_that_fails_is_a_503_not_a_half_answer(
+    served: Any, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The store's lookup or read raising OSError (an object store down) answers
+    503 with Retry-After and a JSON error, without the file's ETag or range."""
+    app, clock, threads, stub = served
+    job, _data = run_job(app, clock, threads, stub, {"n": 1})
+
+    def down(*_a: Any) -> Any:
+        raise ConnectionRefusedError("store down")
+
+    monkeypatch.setattr(app.runtime.result_files, failing, down)
+    code, headers, body = call(
+        stub, "GET", f"/jobs/{job}/files/picture.png", headers={"Range": "bytes=0-3"}
+    )
+    assert code == 503, body
+    assert json.loads(body)["code"] == 65 and header(headers, "Retry-After") == "1"
+    assert header(headers, "ETag") is None and header(headers, "Content-Range") is None
+    assert header(headers, "Content-Type").startswith("application/json")
