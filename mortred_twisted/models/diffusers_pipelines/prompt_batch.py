@@ -33,6 +33,7 @@ be cancelled from any thread. The networks are shared and only read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,10 @@ class PromptBatch:
         return embedding
 
     def _release(self, run: _Run) -> None:
-        for text in run.texts:
+        self._release_texts(run.texts)
+
+    def _release_texts(self, texts: Sequence[str]) -> None:
+        for text in texts:
             embedding, holders = self._texts[text]
             if holders <= 1:
                 del self._texts[text]
@@ -119,9 +123,15 @@ class PromptBatch:
                  plan.height // model.vae_scale, plan.width // model.vae_scale)  # fmt: skip
         x = sampling.noise(shape, gen, model.device) * scheduler.init_noise_sigma
         texts = (plan.negative_prompt, plan.prompt) if plan.guidance_scale > 1.0 else (plan.prompt,)
-        with torch.inference_mode():
-            for text in texts:
-                self._hold(text)
+        held: list[str] = []
+        try:
+            with torch.inference_mode():
+                for text in texts:
+                    self._hold(text)
+                    held.append(text)
+        except BaseException:
+            self._release_texts(held)  # a run that never joined holds nothing
+            raise
         run = _Run(ctx=ctx, plan=plan, scheduler=scheduler, x=x, texts=texts,
                    step_kwargs=sampling.step_arguments(scheduler, gen),
                    previews=sampling.Previews(ctx, plan.preview_every, model.preview_images),

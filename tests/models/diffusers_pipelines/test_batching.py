@@ -74,6 +74,35 @@ def test_the_text_encoder_runs_once_per_text_in_a_batch(make_model: MakeModel) -
     inner.encoded = []
     batched(model, RUNS, [RunContext() for _ in RUNS])
     assert sorted(inner.encoded) == ["", "a blue square", "a red circle"]
+    assert inner._texts == {}  # released as the runs left
+
+
+def test_a_run_that_cannot_join_holds_nothing(make_model: MakeModel) -> None:
+    """A run whose text encoder call fails never joins and leaves no cached text."""
+    model = make_model("sd", max_running_jobs=4)
+    batch = model.step_batch()
+    inner = batch._inner  # type: ignore[union-attr]
+    calls = {"n": 0}
+    real = model.instance.encode_text  # type: ignore[attr-defined]
+
+    def second_fails(text: str) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("encoder broke")
+        return real(text)
+
+    model.instance.encode_text = second_fails  # type: ignore[attr-defined]
+    try:
+        request = model.validate(InferenceRequest("x", params={"prompt": "a red circle"}))
+        try:
+            batch.join(1, request, RunContext())  # type: ignore[union-attr]
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("join should have failed")
+    finally:
+        del model.instance.encode_text  # type: ignore[attr-defined]
+    assert inner.active == 0 and inner._texts == {}
 
 
 def test_max_batch_images_splits_a_step_into_calls(make_model: MakeModel) -> None:
