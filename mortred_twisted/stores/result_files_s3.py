@@ -15,7 +15,7 @@ Layout (the directory store's, as keys)::
 
 A PUT is atomic in S3 (an object is visible whole or not at all), so there is no
 sidecar: a reader sees the old object or the new one, never part of one. Every
-request is signed with AWS Signature Version 4 (:func:`sign`) over the payload's
+request is signed with AWS Signature Version 4 (``sigv4.sign``) over the payload's
 sha256, and a PUT carries ``x-amz-checksum-sha256``: the server refuses a body that
 changed on the way (SeaweedFS checks the latter only, AWS both).
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import hmac
 import http.client
 import threading
 import time
@@ -50,12 +49,13 @@ from mortred_twisted.stores.result_files import (
     StoredFile,
     check_name,
 )
+from mortred_twisted.stores.sigv4 import UNRESERVED as _UNRESERVED
+from mortred_twisted.stores.sigv4 import sign
 
 #: tries per request (a dropped keep-alive connection, a 500/503 from the server)
 ATTEMPTS = 3
 TIMEOUT_S = 30.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-_UNRESERVED = "-_.~"
 _BUCKET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-")
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!-_.*'()/")
 #: the environment variables the credentials come from
@@ -111,66 +111,6 @@ def credentials_problem(env: Mapping[str, str]) -> str | None:
     """What is missing for S3 in ``env`` (None: both keys are set)."""
     missing = [k for k in (ACCESS_KEY_ENV, SECRET_KEY_ENV) if not env.get(k)]
     return f"set {' and '.join(missing)} in the environment" if missing else None
-
-
-# -- AWS Signature Version 4 -------------------------------------------------------
-
-
-def _hmac(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()
-
-
-def sign(
-    method: str,
-    host: str,
-    path: str,
-    query: Mapping[str, str],
-    headers: dict[str, str],
-    payload_sha256: str,
-    *,
-    region: str,
-    access_key: str,
-    secret_key: str,
-    session_token: str = "",
-    now: datetime.datetime,
-) -> dict[str, str]:
-    """``headers`` plus ``Host``, ``x-amz-date``, ``x-amz-content-sha256`` (and the
-    session token) and the ``Authorization`` of AWS SigV4 for service ``s3``.
-    ``path`` is the raw (unencoded) path; every header given is signed."""
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    signed = {k.lower(): str(v) for k, v in headers.items()}
-    signed["host"] = host
-    signed["x-amz-date"] = amz_date
-    signed["x-amz-content-sha256"] = payload_sha256
-    if session_token:
-        signed["x-amz-security-token"] = session_token
-    names = sorted(signed)
-    canonical_headers = "".join(f"{n}:{' '.join(signed[n].split())}\n" for n in names)
-    signed_names = ";".join(names)
-    canonical_query = "&".join(
-        f"{quote(k, safe=_UNRESERVED)}={quote(v, safe=_UNRESERVED)}"
-        for k, v in sorted(query.items())
-    )
-    canonical_request = "\n".join(
-        [method, quote(path, safe="/" + _UNRESERVED), canonical_query, canonical_headers,
-         signed_names, payload_sha256]
-    )  # fmt: skip
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope,
-         hashlib.sha256(canonical_request.encode("utf-8")).hexdigest()]
-    )  # fmt: skip
-    key = _hmac(("AWS4" + secret_key).encode("utf-8"), day)
-    for part in (region, "s3", "aws4_request"):
-        key = _hmac(key, part)
-    signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
-    out = {k: v for k, v in signed.items()}
-    out["authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-        f"SignedHeaders={signed_names}, Signature={signature}"
-    )
-    return out
 
 
 # -- the store ----------------------------------------------------------------------

@@ -25,7 +25,8 @@ from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.stores.result_files import BadFileName, ResultFileSweeper
-from mortred_twisted.stores.result_files_s3 import S3Error, parse_s3_url, sign
+from mortred_twisted.stores.result_files_s3 import S3Error, parse_s3_url
+from mortred_twisted.stores.sigv4 import sign
 from tests.stores.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed, seaweed_server
 from tests.stores.test_result_files import _in_thread, _job, _states_of
 from tests.stores.test_store_contract import (  # noqa: F401
