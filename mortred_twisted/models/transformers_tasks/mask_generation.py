@@ -20,22 +20,9 @@ picture is already many decoder calls).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from mortred_twisted.models.segment_anything.amg import (
-    MAX_MASKS,
-    AmgConfig,
-    AutomaticMaskGenerator,
-)
-from mortred_twisted.models.segment_anything.prompter import SamPrompter
-from mortred_twisted.models.segment_anything.sam_amg import (
-    amg_config_from_options,
-    mask_to_rle,
-    overlay,
-)
 from mortred_twisted.models.transformers_tasks.common import (
     COMMON_OPTIONS,
     check_options,
@@ -43,7 +30,28 @@ from mortred_twisted.models.transformers_tasks.common import (
 )
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
-AMG_KEYS = frozenset(f.name for f in fields(AmgConfig))
+#: ``segment_anything.amg.MAX_MASKS`` (this module imports no torch until setup:
+#: a server that isolates its workers reads the declaration without it; a test
+#: checks that the two agree).
+MAX_MASKS = 256
+#: The fields of ``segment_anything.amg.AmgConfig`` (a test checks they agree).
+AMG_KEYS = frozenset(
+    {
+        "points_per_side",
+        "points_per_batch",
+        "pred_iou_thresh",
+        "stability_score_thresh",
+        "stability_score_offset",
+        "box_nms_thresh",
+        "min_mask_region_area",
+        "mask_threshold",
+        "crop_n_layers",
+        "crop_overlap_ratio",
+        "crop_n_points_downscale_factor",
+        "crop_nms_thresh",
+        "max_masks",
+    }
+)
 OUTPUT_MODES = ("uncompressed_rle", "binary_mask_png")
 
 
@@ -54,13 +62,19 @@ class MaskGeneration:
     width: int
     height: int
     masks: list[dict[str, Any]]
-    overlay: Image | None
+    #: an Image when return_overlay, else None (typed Any: the SDK declares no
+    #: optional outputs, and a declared image must be a file)
+    overlay: Any
 
 
 class MaskGenerator(ServedModel):
     """Segments everything in a picture with SAM's automatic mask generator."""
 
     def setup(self) -> None:
+        from mortred_twisted.models.segment_anything.amg import AutomaticMaskGenerator
+        from mortred_twisted.models.segment_anything.prompter import SamPrompter
+        from mortred_twisted.models.segment_anything.sam_amg import amg_config_from_options
+
         check_options(self.options, COMMON_OPTIONS | AMG_KEYS)
         self.config = amg_config_from_options(
             {k: v for k, v in self.options.items() if k in AMG_KEYS}
@@ -103,6 +117,10 @@ class MaskGenerator(ServedModel):
             "crop_nms_thresh": crop_nms_thresh,
             "max_masks": max_masks,
         }
+        import numpy as np
+
+        from mortred_twisted.models.segment_anything.sam_amg import mask_to_rle, overlay
+
         config = replace(self.config, **{k: v for k, v in given.items() if v is not None})
         rgb = image.to_numpy("RGB")
         total = self.generator.batches(config)

@@ -64,3 +64,26 @@ def test_depth_passes_the_conformance_check_but_for_float_rounding(layout) -> No
         assert np.abs(levels(many) - levels(alone)).max() <= 1
         np.testing.assert_allclose(many.min, alone.min, rtol=1e-5, atol=1e-12)
         np.testing.assert_allclose(many.max, alone.max, rtol=1e-5, atol=1e-12)
+
+
+def test_mask_generation_passes_the_conformance_check() -> None:
+    """The SAM task (on the shipped SAM directory) passes, cancellation included:
+    its module imports no torch until setup."""
+    report = check(
+        task_class("mask-generation"),
+        {"image": Image(png(60, 40)), "points_per_side": 4, "points_per_batch": 4},
+        {"pretrained": "weights/perception/sam_amg"},
+        raise_on_problem=False,
+    )
+    assert report.ok, str(report)
+
+
+def test_the_mask_generator_keys_are_the_amg_fields() -> None:
+    """The declaration's copies of the AMG keys and mask bound match the generator."""
+    from dataclasses import fields
+
+    from mortred_twisted.models.segment_anything import amg
+    from mortred_twisted.models.transformers_tasks import mask_generation
+
+    assert {f.name for f in fields(amg.AmgConfig)} == mask_generation.AMG_KEYS
+    assert amg.MAX_MASKS == mask_generation.MAX_MASKS
