@@ -104,6 +104,19 @@ def test_bad_inputs_are_422s_naming_the_input(sd: Any) -> None:
         assert code == 422 and field in body.decode(), body
 
 
+def test_the_openapi_document_declares_the_kinds_inputs(sd: Any) -> None:
+    """GET /openapi.json describes the text-to-image inputs (prompt required, the
+    solvers as choices) and takes JSON or multipart/form-data submits."""
+    _app, _clock, _threads, stub = sd
+    code, body = call(stub, "GET", "/openapi.json")
+    assert code == 200
+    doc = json.loads(body)
+    content = doc["paths"]["/jobs"]["post"]["requestBody"]["content"]
+    assert set(content) == {"application/json", "multipart/form-data"}
+    text = json.dumps(doc)
+    assert '"prompt"' in text and '"preview_every"' in text and '"euler-ancestral"' in text
+
+
 def test_concurrent_jobs_step_together(sd: Any) -> None:
     """Three jobs submitted at once run in one batch: the UNet's calls carry all their rows."""
     app, clock, threads, stub = sd
