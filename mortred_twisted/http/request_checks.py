@@ -121,9 +121,13 @@ class RequestChecks:
     @property
     def takes_forms(self) -> bool:
         from mortred_twisted.models.registry import MODEL_FACTORIES, SDK_TYPES
+        from mortred_twisted.models.transformers_tasks.contract import serves_sdk_contract
 
         model_type = self.config.model_type
-        return model_type not in MODEL_FACTORIES or model_type in SDK_TYPES
+        if model_type not in MODEL_FACTORIES:
+            return True
+        # contract = "mortred-v1" serves the seed's JSON-only contract (issue 28.3)
+        return model_type in SDK_TYPES and serves_sdk_contract(self.config.model_options)
 
     def unsupported_type(self) -> ApiError:
         if self.takes_forms:

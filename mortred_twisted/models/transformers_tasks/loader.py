@@ -10,7 +10,10 @@ declared by its ``predict`` signature, and it is served like any SDK model (name
 inputs, multipart forms, result files, the UI form). An unknown task, a directory
 without ``config.json``, weights or image processor (or, for the zero-shot task, a
 tokenizer) is a :class:`~mortred_twisted.models.base.ModelLoadError` naming the
-missing part. Loader thread only.
+missing part. ``options["contract"] = "mortred-v1"`` serves the image-classification,
+object-detection and mask-generation tasks with the seed's wire contract instead
+(:mod:`.contract`: the shipped catalog entries' contract, unchanged). Loader thread
+only.
 """
 
 from __future__ import annotations
@@ -92,7 +95,17 @@ def resolve_task(options: Mapping[str, Any], root: Path) -> str:
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
     """The task model of the directory ``options`` names, set up (see module doc)."""
+    from mortred_twisted.models.transformers_tasks.contract import (
+        CONTRACT_OPTION,
+        MORTRED_V1,
+        contract_of,
+        create_v1,
+    )
     from mortred_twisted.sdk.loading import build_sdk_model
 
-    cls = task_class(resolve_task(options, root))
-    return build_sdk_model(cls, options, root)
+    contract = contract_of(options)
+    options = {k: v for k, v in options.items() if k != CONTRACT_OPTION}
+    task = resolve_task(options, root)
+    if contract == MORTRED_V1:
+        return create_v1(task, {k: v for k, v in options.items() if k != "task"}, root)
+    return build_sdk_model(task_class(task), options, root)

@@ -1,0 +1,93 @@
+"""``contract = "mortred-v1"``: a transformers task served with the seed's wire contract.
+
+A ``type = "transformers"`` model answers by default with its task's SDK contract
+(``contract = "sdk"``: inputs declared by the task model's ``predict`` signature,
+one ``image`` per request, the outputs of :mod:`.classification`, :mod:`.detection`,
+:mod:`.mask_generation`). ``contract = "mortred-v1"`` serves the same directory with
+the contract the shipped catalog entries have always had, *byte for byte*: the seed
+envelope (``images`` required: 422 ``images: required (an array of base64-encoded
+images)``), several images per request answered as ``{"results": [...]}`` (one
+object for one image), the legacy ``params`` with their names, defaults, bounds and
+422 messages, the legacy ``data`` shapes, the input limits and the dynamic batching
+of the built-in families.
+
+That contract *is* the built-in family's implementation, so the compatibility mode
+builds it rather than re-implementing it beside the task models (two copies of one
+contract drift; this way there is one): :data:`V1_FAMILIES` maps each task that has
+a seed contract to the factory of the family that defines it (the same factories
+the ``IMAGE_CLASSIFICATION``/``MOBILENETV2``, ``OBJECT_DETECTION`` and ``SAM_AMG``
+types name in :mod:`mortred_twisted.models.registry`). Those families are
+transformers families already (``AutoModelForImageClassification``,
+``AutoModelForObjectDetection``, ``SamModel``), so every directory the task model
+loads, the v1 contract loads too, with the family's own load-time checks: the
+directory's ``manifest.json`` (sha256 of each file) is required, as for the shipped
+entries, and the family's options are accepted (``model_score_threshold``,
+``model_nms_threshold``, ``model_keep_top_k`` for detection; the AMG keys for mask
+generation). A task without a seed contract (zero-shot classification, semantic
+segmentation, depth) is a :class:`~mortred_twisted.models.base.ModelLoadError`
+naming the tasks that have one, as is an unknown contract.
+
+Loader thread only (the factories load weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mortred_twisted.models.base import Model, ModelLoadError
+
+#: The option that selects the contract, and its values.
+CONTRACT_OPTION = "contract"
+SDK_CONTRACT = "sdk"
+MORTRED_V1 = "mortred-v1"
+CONTRACTS = (SDK_CONTRACT, MORTRED_V1)
+
+#: Task -> ``module:factory`` of the built-in family whose contract is ``mortred-v1``
+#: for it (a test checks these are the registry's factories of those types).
+V1_FAMILIES: Mapping[str, str] = {
+    "image-classification": "mortred_twisted.models.classification.image_classification:create",
+    "object-detection": "mortred_twisted.models.detection.object_detection:create",
+    "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:create",
+}
+
+
+def contract_of(options: Mapping[str, Any]) -> str:
+    """The contract ``options`` select (``"sdk"`` when absent); ModelLoadError for
+    any other value."""
+    contract = options.get(CONTRACT_OPTION, SDK_CONTRACT)
+    if contract not in CONTRACTS:
+        raise ModelLoadError(
+            f"unknown contract {contract!r}; known: {', '.join(repr(c) for c in CONTRACTS)}"
+        )
+    return str(contract)
+
+
+def serves_sdk_contract(options: Mapping[str, Any]) -> bool:
+    """Whether a built-in SDK type's ``options`` keep the SDK contract (and so take
+    ``multipart/form-data`` submits); False for ``mortred-v1``, whose port takes the
+    JSON envelope only and answers other bodies 415 ``content type must be
+    application/json``, as the built-in families do. Reactor thread; cheap."""
+    return options.get(CONTRACT_OPTION, SDK_CONTRACT) != MORTRED_V1
+
+
+def create_v1(task: str, options: Mapping[str, Any], root: Path) -> Model:
+    """The ``task`` model of ``options``' directory with the ``mortred-v1`` contract.
+
+    ``options`` are the server file's ``[model]`` options without ``type``,
+    ``contract`` and ``task`` (and without the input limits, which the registry
+    sets on the returned model). Raises ModelLoadError for a task without a seed
+    contract; the family's own load errors propagate unchanged.
+    """
+    target = V1_FAMILIES.get(task)
+    if target is None:
+        raise ModelLoadError(
+            f"contract {MORTRED_V1!r} is defined for the tasks "
+            f"{', '.join(sorted(V1_FAMILIES))}, not {task!r} (use contract = "
+            f"{SDK_CONTRACT!r})"
+        )
+    module, _, attr = target.partition(":")
+    factory = getattr(importlib.import_module(module), attr)
+    return factory(dict(options), root)
