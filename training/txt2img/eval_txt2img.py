@@ -16,7 +16,8 @@ judge on:
 * uniform random pictures (chance as this judge sees it), and ``1 / classes``.
 
 ``--write-manifest`` records the table under ``figures`` in
-``weights/txt2img/manifest.json`` (the manifest's file table is unchanged).
+``weights/txt2img/manifest.json`` (the manifest's file table is unchanged); ``--grid``
+writes the first 16 prompts' reference pictures over their generated ones as a PNG.
 """
 
 from __future__ import annotations
@@ -81,6 +82,22 @@ def reconstruct(pipe: Any, x: torch.Tensor) -> torch.Tensor:
     return ((torch.cat(rec).clamp(-1, 1) + 1.0) * 127.5).round() / 127.5 - 1.0
 
 
+def write_grid(path: Path, references: torch.Tensor, samples: torch.Tensor) -> None:
+    """Two rows per 8 prompts: the eval-split pictures, then the generated ones (x2 size)."""
+    from PIL import Image
+
+    def row(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat(list(t), dim=2)  # (3, H, W * n)
+
+    rows = []
+    for i in range(0, len(samples), 8):
+        rows += [row(references[i : i + 8]), row(samples[i : i + 8])]
+    grid = ((torch.cat(rows, dim=1) + 1.0) * 127.5).round().clamp(0, 255).byte()
+    image = Image.fromarray(grid.permute(1, 2, 0).numpy())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.resize((image.width * 2, image.height * 2), Image.NEAREST).save(path)
+
+
 def score(judge: AttributeJudge, x: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     hit = judge.predict(x) == labels
     row = {name: round(float(hit[:, i].float().mean()), 4) for i, name in enumerate(ATTRIBUTES)}
@@ -115,30 +132,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipeline", type=Path, default=common.PIPELINE_DIR)
     parser.add_argument("--judge", type=Path, default=common.JUDGE_DIR)
     parser.add_argument("--write-manifest", action="store_true")
+    parser.add_argument(
+        "--no-controls", action="store_true", help="only the generated row (a sweep)"
+    )
+    parser.add_argument("--grid", type=Path, default=None, help="PNG: references over samples")
     args = parser.parse_args(argv)
     common.setup(args.seed, args.threads)
     pipe = load_pipeline(args.pipeline, args.scheduler)
     judge = load_judge(args.judge)
     x, labels, prompts = common.split_tensors("eval", args.prompts)
     rows: dict[str, dict[str, float]] = {}
-    rows["eval-split pictures (ceiling)"] = score(judge, x, labels)
-    rows["autoencoder reconstructions"] = score(judge, reconstruct(pipe, x), labels)
+    if not args.no_controls:
+        rows["eval-split pictures (ceiling)"] = score(judge, x, labels)
+        rows["autoencoder reconstructions"] = score(judge, reconstruct(pipe, x), labels)
     start = time.monotonic()
     generated = generate(pipe, prompts, args.steps, args.guidance, args.seed, args.batch)
     seconds = time.monotonic() - start
     label = f"generated ({args.scheduler}, {args.steps} steps, guidance {args.guidance:g})"
     rows[label] = score(judge, generated, labels)
-    empty = generate(pipe, [""] * len(prompts), args.steps, 1.0, args.seed, args.batch)
-    rows["generated from the empty prompt"] = score(judge, empty, labels)
-    noise = torch.rand(x.shape, generator=torch.Generator().manual_seed(args.seed)) * 2 - 1
-    rows["uniform random pictures"] = score(judge, noise, labels)
-    rows["chance (1 / classes)"] = chance_row()
+    if not args.no_controls:
+        empty = generate(pipe, [""] * len(prompts), args.steps, 1.0, args.seed, args.batch)
+        rows["generated from the empty prompt"] = score(judge, empty, labels)
+        noise = torch.rand(x.shape, generator=torch.Generator().manual_seed(args.seed)) * 2 - 1
+        rows["uniform random pictures"] = score(judge, noise, labels)
+        rows["chance (1 / classes)"] = chance_row()
     print(f"{len(prompts)} prompts of the eval split; judge {args.judge}; pipeline {args.pipeline}")
     print_table(rows)
     per_image = seconds / len(prompts)
     print(f"generation: {seconds:.1f} s for {len(prompts)} pictures ({per_image:.3f} s each)")
+    if args.grid is not None:
+        write_grid(args.grid, x[:16], generated[:16])
+        print(f"grid written to {args.grid}")
     if args.write_manifest:
-        path = args.pipeline / MANIFEST_NAME
+        path = args.pipeline / MANIFEST_NAME  # read just before writing: sweeps run in parallel
         data = json.loads(path.read_text())
         data.setdefault("figures", {})[label] = {
             "command": common.command_line(),
