@@ -363,7 +363,7 @@ def submit_with_inputs(client: Any, args: argparse.Namespace) -> Any:
         webhook_events=args.webhook_events.split(",") if args.webhook_events else None,
     )  # fmt: skip
     if not images:
-        doc.pop("images")
+        doc.pop("images", None)  # older clients send an empty list
     key = args.idempotency_key or new_idempotency_key()
     submitted = client.api.read_submitted(client.call(client.api.submit(doc, key)))
     return Job(client, submitted.status, replayed=submitted.replayed)
