@@ -236,7 +236,7 @@ def build_openapi(
                         "required": False,
                         "schema": {"type": "string"},
                     },
-                ],  # fmt: skip
+                ],
                 "responses": {
                     "200": {"description": "the file's bytes (its own Content-Type)"},
                     "206": {"description": "one range of them (Content-Range)"},

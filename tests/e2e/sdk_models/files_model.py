@@ -24,7 +24,6 @@ class Pack(ServedModel):
         size: int = Input(10, ge=1, le=8_000_000),
     ) -> Pictures:
         notes = [
-            File((f"note {i} ".encode() * size)[:size], content_type="text/plain")
-            for i in range(n)
+            File((f"note {i} ".encode() * size)[:size], content_type="text/plain") for i in range(n)
         ]
         return Pictures(Image.from_array([[0, 255], [255, 0]]), notes, n)
