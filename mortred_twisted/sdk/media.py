@@ -22,6 +22,7 @@ import contextlib
 import io
 import mimetypes
 import os
+import re
 import tempfile
 import weakref
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 
 #: Content types an ``Image`` input accepts when the sender names one.
 IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
+
+_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 
 _SNIFF = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
@@ -95,7 +98,10 @@ class File:
     def path(self) -> str:
         """A private temporary file holding the bytes (written on first use)."""
         if self._path is None:
+            # the sender's file name only lends its extension, and only a plain one
             suffix = Path(self.name).suffix if self.name else ""
+            if not _SUFFIX.fullmatch(suffix):
+                suffix = ""
             fd, path = tempfile.mkstemp(prefix="mortred-input-", suffix=suffix)
             with os.fdopen(fd, "wb") as out:
                 out.write(self._data)

@@ -198,3 +198,16 @@ def test_an_entry_point_named_like_a_built_in_is_refused(monkeypatch) -> None:
     other = importlib.metadata.EntryPoint("SHARP", "pkg.mod:Sharp", loading.ENTRY_POINT_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [other])
     assert loading.resolve_target("SHARP") == "pkg.mod:Sharp"
+
+
+def test_a_senders_file_name_lends_only_a_plain_extension_to_the_temporary_path() -> None:
+    """File.path keeps a .png suffix, never a NUL, a slash or a long tail from the name."""
+    import os
+
+    from mortred_twisted.sdk import File
+
+    assert File(b"x", name="cat.png").path.endswith(".png")
+    for hostile in ("a.p\x00ng", "x/../../etc.sh/", "a." + "b" * 50, "../.."):
+        path = File(b"x", name=hostile).path
+        assert os.path.dirname(path) == os.path.dirname(File(b"y").path)
+        assert "\x00" not in path and not path.endswith("/")
