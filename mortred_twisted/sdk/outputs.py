@@ -15,7 +15,8 @@ File names come from where the file sits: ``output.png`` for a single output,
 key (``<field>-<i>.png`` in a list), made unique with a numeric suffix when needed;
 the extension follows the content type. Other values must be JSON values (numpy
 scalars and arrays are turned into numbers and lists); anything else raises
-``TypeError`` naming where it was.
+``TypeError`` naming where it was, and a NaN or infinite float ``ValueError`` (JSON
+has neither).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import math
 import mimetypes
 import re
 from collections.abc import Mapping
@@ -83,7 +85,11 @@ class OutputEncoder:
 
     def encode(self, value: Any, stem: str = "output") -> Any:
         """``value`` as JSON-ready data (files described, see the module docstring)."""
-        if value is None or isinstance(value, (str, bool, int, float)):
+        if value is None or isinstance(value, (str, bool, int)):
+            return value
+        if isinstance(value, float):
+            if not math.isfinite(value):  # JSON has no NaN/Infinity: clients would choke
+                raise ValueError(f"output {stem}: {value} is not a JSON number")
             return value
         if isinstance(value, File):
             return self.describe(value, stem)

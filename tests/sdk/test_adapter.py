@@ -211,3 +211,14 @@ def test_a_senders_file_name_lends_only_a_plain_extension_to_the_temporary_path(
         path = File(b"x", name=hostile).path
         assert os.path.dirname(path) == os.path.dirname(File(b"y").path)
         assert "\x00" not in path and not path.endswith("/")
+
+
+def test_an_output_that_is_not_json_fails_the_run_naming_where() -> None:
+    """NaN, infinity and objects that are not JSON are the model's error, named."""
+    from mortred_twisted.sdk.outputs import OutputEncoder
+
+    encoder = OutputEncoder(None)
+    with pytest.raises(ValueError, match="output score: nan is not a JSON number"):
+        encoder.encode({"score": float("nan")})
+    with pytest.raises(TypeError, match="output output-1: object is not a JSON value"):
+        encoder.encode([1, object()])
