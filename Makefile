@@ -13,7 +13,8 @@ RUN_CONFIG ?= conf/server/fake/fake_async.toml
 RUN_ARGS   ?=
 
 .PHONY: run run-replicas run-model test test-fast install venv lint bench bench-gateway clean \
-	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception
+	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception \
+	train-txt2img eval-txt2img
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
@@ -96,6 +97,19 @@ eval-diffusion: install
 	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM,CLS_COND_DDIM,LDM --samples 200
 	$(PY) -m training.diffusion.evaluate --models DDPM,DDIM,CLS_COND_DDIM,LDM --samples 200 \
 	  --scheduler dpmsolver++ --steps 20
+
+train-txt2img: install
+	$(PY) -m training.txt2img.train_judge --threads 1
+	$(PY) -m training.txt2img.train_pipeline autoencoder --seed 0 --threads 2 --train-images 20000 --batch 64 --lr 0.001 --steps 555 --stop-after 518 --max-minutes 0
+	$(PY) -m training.txt2img.train_pipeline autoencoder --seed 1 --threads 2 --train-images 20000 --batch 64 --lr 0.001 --steps 30000 --stop-after 83 --max-minutes 0 --resume
+	$(PY) -m training.txt2img.train_pipeline autoencoder --seed 2 --threads 2 --train-images 20000 --batch 64 --lr 0.0003 --steps 30000 --stop-after 73 --max-minutes 0 --resume
+	$(PY) -m training.txt2img.train_pipeline unet --seed 0 --threads 1 --train-images 20000 --batch 64 --lr 0.001 --steps 5156 --stop-after 5156 --max-minutes 0
+
+eval-txt2img: install
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --grid docs/img/txt2img_grid.png
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --guidance 3
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --guidance 7
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --scheduler dpmsolver++ --steps 20
 
 train-perception: install
 	$(PY) -m training.perception.train_mobilenetv2
