@@ -62,9 +62,28 @@ def _catalog() -> dict[str, CatalogEntry]:
     assert not problems, problems
     by_type: dict[str, CatalogEntry] = {}
     for entry in entries:
-        if ":" not in entry.model_type and entry.model_type not in SDK_TYPES:
+        family = _v1_family(entry)
+        if family is not None:  # transformers + contract = "mortred-v1": a family's contract
+            by_type.setdefault(family, entry)
+        elif ":" not in entry.model_type and entry.model_type not in SDK_TYPES:
             by_type.setdefault(entry.model_type, entry)
     return by_type
+
+
+def _v1_family(entry: CatalogEntry) -> str | None:
+    """The built-in type whose contract a ``type = "transformers"`` entry with
+    ``contract = "mortred-v1"`` serves (the registry's type naming that family's
+    factory), else None."""
+    if entry.model_type != "transformers":
+        return None
+    from mortred_twisted.models.transformers_tasks.contract import MORTRED_V1, V1_FAMILIES
+
+    config = load_server_config(entry.config_path, env={})
+    options = config.model_options
+    if options.get("contract") != MORTRED_V1:
+        return None
+    target = V1_FAMILIES[options["task"]]
+    return next(t for t, f in MODEL_FACTORIES.items() if f == target)
 
 
 CATALOG = _catalog()

@@ -24,10 +24,17 @@ from mortred_twisted.models.registry import create_model
 from tests.models.perception.conftest import ROOT, TINY_ARCHS
 
 SERVER_CONFIGS = {
-    "conf/server/classification/mobilenetv2.toml": ("MOBILENETV2", "MOBILENETV2", 18121, False),
+    "conf/server/classification/mobilenetv2.toml": ("MOBILENETV2", "transformers", 18121, False),
     "conf/server/object_detection/yolov8.toml": ("YOLOV8", "YOLOV8", 18122, False),
-    "conf/server/object_detection/rtdetr.toml": ("RTDETR", "OBJECT_DETECTION", 18123, False),
-    "conf/server/segment_anything/sam_amg.toml": ("SAM_AMG", "SAM_AMG", 18120, True),
+    "conf/server/object_detection/rtdetr.toml": ("RTDETR", "transformers", 18123, False),
+    "conf/server/segment_anything/sam_amg.toml": ("SAM_AMG", "transformers", 18120, True),
+}
+#: The built-in family whose contract a ``type = "transformers"`` entry keeps
+#: (``contract = "mortred-v1"``), and so the type its weights' manifest names.
+V1_TYPES = {
+    "image-classification": ("MOBILENETV2", "IMAGE_CLASSIFICATION"),
+    "object-detection": ("OBJECT_DETECTION",),
+    "mask-generation": ("SAM_AMG",),
 }
 
 
@@ -151,10 +158,14 @@ def test_shipped_server_configs_load(path: str) -> None:
         assert (config.async_timeout, config.async_max_queue) == (600000, 8)
         assert (config.async_job_ttl, config.async_max_completed) == (300000, 100)
     options = config.model_options
+    types: tuple[str, ...] = (model_type, "IMAGE_CLASSIFICATION")
+    if model_type == "transformers":  # the seed's contract of a built-in family, kept
+        assert options["contract"] == "mortred-v1"
+        types = V1_TYPES[options["task"]]
     if "pretrained" in options:
         manifest = json.loads((ROOT / options["pretrained"] / "manifest.json").read_text())
         assert set(pretrained.NEEDED_FILES) <= set(manifest["files"])
-        assert manifest["model_type"] in (model_type, "IMAGE_CLASSIFICATION")
+        assert manifest["model_type"] in types
     else:
         weights = ROOT / options["model_weights_path"]
         manifest = json.loads((weights.parent / "manifest.json").read_text())

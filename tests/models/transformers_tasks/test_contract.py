@@ -62,7 +62,10 @@ class ConfigServer(TransformersServer):
         from mortred_twisted.config.server import build_server_config
 
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
-        doc["model"] = {**doc["model"], "type": model_type, **model}
+        shipped = doc["model"]
+        if model_type != "transformers":  # the built-in type takes no task/contract keys
+            shipped = {k: v for k, v in shipped.items() if k not in ("task", "contract")}
+        doc["model"] = {**shipped, "type": model_type, **model}
         doc["server"] = {**doc["server"], "auth_token": ""}
         self._start(build_server_config(doc, root=ROOT, env={}), type(None))
 
