@@ -101,7 +101,15 @@ sandbox.window = sandbox;
 vm.createContext(sandbox);
 vm.runInContext(fs.readFileSync(process.argv[2], "utf8"), sandbox);
 
-async function settle() { for (let i = 0; i < 50; i++) await new Promise((r) => setImmediate(r)); }
+// Every pending promise, I/O callback and timer the page set (FileReader, Image and the
+// scripted fetches answer from timers): turns of setImmediate, then a timer, until
+// nothing is left to run (bounded).
+async function settle() {
+  for (let round = 0; round < 10; round++) {
+    for (let i = 0; i < 50; i++) await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
 
 function tagsUnder(n) { return n.children.flatMap((c) => [c.tagName, ...tagsUnder(c)]); }
 

@@ -130,7 +130,7 @@ function fileToBase64(file) {
 // not ready yet) the panel is the plain one: an image and free params JSON.
 // ready: the servers' readiness from the last status; a document fetched while its model
 // was not ready (a model still loading describes no inputs) is used but not kept.
-const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, blobs: [], loading: false, ready: new Map(), provisional: false };
+const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, turn: 0, blobs: [], loading: false, ready: new Map(), provisional: false };
 const SCALARS = ["string", "integer", "number", "boolean"];
 const isBlob = (v) => typeof Blob !== "undefined" && v instanceof Blob;
 
@@ -297,6 +297,9 @@ function resetTryOutput() {
 
 async function runTry(event) {
   event.preventDefault();
+  // The latest submit owns the panel (even one refused in the page): an earlier one
+  // whose answer comes back later (it was still in flight) must not take it back.
+  const turn = ++tryForm.turn;
   const id = $("try-model").value;
   const mode = $("try-mode").value;
   const spec = tryForm.model === id ? tryForm.spec : null;
@@ -343,10 +346,12 @@ async function runTry(event) {
     say("running…");
     const started = performance.now();
     const { status, doc } = await submit();
+    if (tryForm.turn !== turn) return;
     say(`HTTP ${status} in ${Math.round(performance.now() - started)} ms`);
     return show(doc, inputUrl, ctx);
   }
   const { status, doc } = await submit();
+  if (tryForm.turn !== turn) return;
   if (status !== 202 || !doc || typeof doc.job_id !== "string") { say(`submit: HTTP ${status}`); return show(doc, null, ctx); }
   $("try-form").setAttribute("data-last-job", doc.job_id);
   showTryStatus(doc);
