@@ -276,11 +276,15 @@ def job_store_problems(server: Mapping[str, Any], root: Path | None = None) -> l
     return problems
 
 
+def is_file_target(model_type: str) -> bool:
+    """``models/x.py:Class`` (a file), as opposed to ``pkg.mod:Class`` or a name."""
+    module, sep, _ = model_type.rpartition(":")
+    return bool(sep) and module.endswith(".py")
+
+
 def _resolve_model_file(model_type: str, source: str) -> tuple[str, str | None]:
     """A ``file.py:Class`` type with its file made absolute (relative to the folder of
     the server file ``source``), and the problem if that file does not exist."""
-    from mortred_twisted.sdk.loading import is_file_target
-
     if not is_file_target(model_type):
         return model_type, None
     file, _, attr = model_type.rpartition(":")
@@ -343,11 +347,7 @@ def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
 
 def _s3_problems(server: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
     """An ``s3://`` ``result_files_dir``: its URL, endpoint, region and credentials."""
-    from mortred_twisted.stores.result_files_s3 import (
-        credentials_problem,
-        is_s3_url,
-        parse_s3_url,
-    )
+    from mortred_twisted.config.s3 import credentials_problem, is_s3_url, parse_s3_url
 
     where = server.get("result_files_dir", "")
     if not isinstance(where, str) or not is_s3_url(where):

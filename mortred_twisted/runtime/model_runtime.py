@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from mortred_twisted.config.s3 import is_s3_url
 from mortred_twisted.config.server import ServerConfig, redis_address
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
@@ -49,7 +50,6 @@ from mortred_twisted.stores.result_files import (
     open_result_files,
     redis_states,
 )
-from mortred_twisted.stores.result_files_s3 import is_s3_url
 from mortred_twisted.stores.wire import decode_request, encode_request
 
 log = Logger()

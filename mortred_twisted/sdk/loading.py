@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mortred_twisted.config.server import is_file_target
 from mortred_twisted.models.base import ModelLoadError
 from mortred_twisted.sdk.declaration import Declaration, declare
 
@@ -39,12 +40,6 @@ ENTRY_POINT_GROUP = "mortred_twisted.models"
 
 _lock = threading.Lock()
 _declarations: dict[type, Declaration] = {}
-
-
-def is_file_target(model_type: str) -> bool:
-    """``models/x.py:Class`` (a file), as opposed to ``pkg.mod:Class`` or a name."""
-    module, sep, _ = model_type.rpartition(":")
-    return bool(sep) and module.endswith(".py")
 
 
 def is_import_target(model_type: str) -> bool:
