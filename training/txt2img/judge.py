@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mortred_twisted.data.captions import ATTRIBUTES
+from mortred_twisted.models.diffusion.judge import conv_features
 from mortred_twisted.models.diffusion.manifest import read_manifest, verify_files
 
 JUDGE_ARCH: dict[str, object] = {"channels": [32, 64], "hidden": 128, "image_size": 32}
@@ -35,22 +36,7 @@ class AttributeJudge(nn.Module):
     ) -> None:
         super().__init__()
         c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(3, c1, 3, padding=1),
-            nn.BatchNorm2d(c1),
-            nn.ReLU(),
-            nn.Conv2d(c1, c1, 3, padding=1),
-            nn.BatchNorm2d(c1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 3, padding=1),
-            nn.BatchNorm2d(c2),
-            nn.ReLU(),
-            nn.Conv2d(c2, c2, 3, padding=1),
-            nn.BatchNorm2d(c2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
+        self.features = conv_features(3, c1, c2)
         side = image_size // 4
         self.trunk = nn.Sequential(
             nn.Flatten(), nn.Dropout(0.3), nn.Linear(c2 * side * side, hidden), nn.ReLU()

@@ -15,6 +15,17 @@ from torch import nn
 JUDGE_ARCH = {"channels": [32, 64], "hidden": 128, "num_classes": 10, "image_size": 16}
 
 
+def conv_features(in_channels: int, c1: int, c2: int) -> nn.Sequential:
+    """The judges' feature extractor: (conv-BN-ReLU ×2, max-pool) ×2, side / 4. Its
+    layer order is part of the saved weights' keys (``features.<i>.…``)."""
+    layers: list[nn.Module] = []
+    for cin, cout in ((in_channels, c1), (c1, c2)):
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+        layers += [nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+        layers.append(nn.MaxPool2d(2))
+    return nn.Sequential(*layers)
+
+
 class DigitJudge(nn.Module):
     """conv-conv-pool x2, then a 2-layer head. Stateless at inference."""
 
@@ -27,22 +38,7 @@ class DigitJudge(nn.Module):
     ) -> None:
         super().__init__()
         c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(1, c1, 3, padding=1),
-            nn.BatchNorm2d(c1),
-            nn.ReLU(),
-            nn.Conv2d(c1, c1, 3, padding=1),
-            nn.BatchNorm2d(c1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 3, padding=1),
-            nn.BatchNorm2d(c2),
-            nn.ReLU(),
-            nn.Conv2d(c2, c2, 3, padding=1),
-            nn.BatchNorm2d(c2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
+        self.features = conv_features(1, c1, c2)
         side = image_size // 4
         self.head = nn.Sequential(
             nn.Flatten(),
