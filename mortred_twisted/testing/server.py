@@ -165,7 +165,10 @@ class MemoryServer:
         self._start(config, load_target(config.model_type))
         return self
 
-    def _start(self, config: Any, served_class: type) -> None:
+    def _start(self, config: Any, served_class: type | None, build_model: Any = None) -> None:
+        """Serve ``config`` with ``served_class`` (an SDK class), or with
+        ``build_model`` (``(type, options, root) -> Model``: the registry's
+        ``create_model`` serves the config's own type)."""
         from mortred_twisted.http.model_port import ModelPortFactory
         from mortred_twisted.http.model_server import ModelServerApp
         from mortred_twisted.metrics.server import ServerMetrics
@@ -179,6 +182,9 @@ class MemoryServer:
             limits, rest = split_input_limits(model_type, options)
             return build_sdk_model(served_class, rest, root, input_limits=limits)
 
+        if build_model is None:
+            build_model = build
+
         self.config = config
         self.clock = Clock()
         self.threads = SteppedThreads()
@@ -187,7 +193,7 @@ class MemoryServer:
             clock=self.clock,
             threads=self.threads,
             metrics=ServerMetrics(),
-            build_model=build,
+            build_model=build_model,
         )
         self.runtime.load_models()
         self.settle()

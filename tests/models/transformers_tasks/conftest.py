@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mortred_twisted.models.registry import create_model
 from mortred_twisted.testing.server import MemoryServer
 from tests.models.transformers_tasks import layouts
 
@@ -26,37 +27,7 @@ class TransformersServer(MemoryServer):
             "server": {"id": "tf", "server_uri": "/infer", "worker_nums": 1, "async_enabled": True},
             "model": {"type": "transformers", "pretrained": str(directory), **options},
         }
-        self._start(build_server_config(doc, root=Path.cwd(), env={}), type(None))
-
-    def _start(self, config: Any, served_class: type) -> None:
-        from twisted.internet.task import Clock
-
-        from mortred_twisted.http.model_port import ModelPortFactory
-        from mortred_twisted.http.model_server import ModelServerApp
-        from mortred_twisted.metrics.server import ServerMetrics
-        from mortred_twisted.models.base import ModelLoadError
-        from mortred_twisted.models.registry import create_model
-        from mortred_twisted.runtime.model_runtime import ModelRuntime
-        from mortred_twisted.testing.memory_http import MemoryClient
-        from mortred_twisted.testing.server import SteppedThreads
-
-        self.config = config
-        self.clock = Clock()
-        self.threads = SteppedThreads()
-        self.runtime = ModelRuntime(
-            config,
-            clock=self.clock,
-            threads=self.threads,
-            metrics=ServerMetrics(),
-            build_model=create_model,
-        )
-        self.runtime.load_models()
-        self.settle()
-        if not self.runtime.ready:
-            raise ModelLoadError(self.runtime.load_error or "the model did not load")
-        self.app = ModelServerApp(self.runtime)
-        self.client = MemoryClient(ModelPortFactory.for_app(self.app, self.clock))
-        self.closed = False
+        self._start(build_server_config(doc, root=Path.cwd(), env={}), None, create_model)
 
 
 def png(width: int = 200, height: int = 150, seed: int = 0) -> bytes:

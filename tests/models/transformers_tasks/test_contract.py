@@ -67,7 +67,7 @@ class ConfigServer(TransformersServer):
             shipped = {k: v for k, v in shipped.items() if k not in ("task", "contract")}
         doc["model"] = {**shipped, "type": model_type, **model}
         doc["server"] = {**doc["server"], "auth_token": ""}
-        self._start(build_server_config(doc, root=ROOT, env={}), type(None))
+        self._start(build_server_config(doc, root=ROOT, env={}), None, create_model)
 
 
 @pytest.fixture(scope="module", params=sorted(ENTRIES))
