@@ -45,6 +45,7 @@ from mortred_twisted.http.responder import Responder
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import JobSnapshot
+from mortred_twisted.sdk.seed_contract import sdk_declaration
 from mortred_twisted.stores.result_files import BadFileName, StoredFile, check_name
 
 log = Logger()
@@ -65,7 +66,7 @@ def inline_applied(runtime: Any, prefer: bytes | None) -> bool:
     """Whether a request's ``Prefer: return=inline`` is honoured: it asks for it and
     the model is declared with the SDK (the built-in models have no result files,
     so for them the preference changes nothing and is not reported applied)."""
-    return prefers_inline(prefer) and getattr(runtime.validator, "declaration", None) is not None
+    return prefers_inline(prefer) and sdk_declaration(runtime.validator) is not None
 
 
 class Unsatisfiable(ValueError):

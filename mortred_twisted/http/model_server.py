@@ -46,6 +46,7 @@ from mortred_twisted.http.responder import Responder, json_bytes
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.inference import QueueFull
 from mortred_twisted.runtime.model_runtime import ModelRuntime
+from mortred_twisted.sdk.seed_contract import sdk_declaration
 
 log = Logger()
 
@@ -152,7 +153,7 @@ class ModelServerApp:
             model = self.runtime.validator
             schema = model.params_schema if model is not None else ()
             output = model.output_schema if model is not None else None
-            declaration = getattr(model, "declaration", None)
+            declaration = sdk_declaration(model)  # the seed envelope: by its params
             self._openapi_bytes = json_bytes(
                 build_openapi(self.config, schema, output, declaration)
             )

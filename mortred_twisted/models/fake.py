@@ -23,6 +23,9 @@ Request ``params``: ``delay_ms`` (0–600000), ``mode`` and ``steps`` override t
 options for one request; ``fail`` (bool) makes this run raise. Images are required (any bytes:
 the fake does not decode pixels) and echoed as a digest, so results are
 deterministic functions of the request.
+
+Declared with the SDK (:class:`~mortred_twisted.sdk.ServedModel`, the seed's
+``"mortred-v1"`` contract): its params, messages and data are the seed's.
 """
 
 from __future__ import annotations
@@ -35,14 +38,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    Model,
-    ModelLoadError,
-    RunContext,
-)
-from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.models.base import Model, ModelLoadError
 from mortred_twisted.models.schemas import FAKE_OUTPUT
+from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODES = ("sleep", "cpu", "python", "fail")
 
@@ -51,59 +49,78 @@ class FakeModelFailure(RuntimeError):
     """The failure the fake raises on purpose."""
 
 
-class FakeModel(Model):
-    """See the module docstring."""
+class FakeModel(ServedModel):
+    """The deterministic fake model (see the module docstring)."""
 
+    contract = "mortred-v1"
     output_schema = FAKE_OUTPUT
 
-    params_schema = (
-        ParamSpec("delay_ms", int, minimum=0, maximum=600_000, description="run time"),
-        ParamSpec("mode", str, choices=MODES, description="how the run spends its time"),
-        ParamSpec("fail", bool, description="raise instead of returning a result"),
-        ParamSpec("steps", int, minimum=1, maximum=10_000, description="progress steps"),
-    )
-
-    def __init__(
-        self, delay_ms: int, mode: str, fail_every: int, steps: int, exit_on_run: bool = False
-    ) -> None:
-        self.exit_on_run = exit_on_run
-        self.delay_ms = delay_ms
+    def setup(self) -> None:
+        """Read the options (every problem at once); raises ModelLoadError."""
+        options = self.options
+        problems = []
+        delay = options.get("fake_delay_ms", 1000)
+        mode = options.get("fake_mode", "sleep")
+        fail_every = options.get("fake_fail_every", 0)
+        steps = options.get("fake_steps", 10)
+        if not isinstance(delay, int) or delay < 0:
+            problems.append(f"fake_delay_ms must be an int >= 0 (got {delay!r})")
+        if mode not in MODES:
+            problems.append(f"fake_mode must be one of {', '.join(MODES)} (got {mode!r})")
+        if not isinstance(fail_every, int) or fail_every < 0:
+            problems.append(f"fake_fail_every must be an int >= 0 (got {fail_every!r})")
+        if not isinstance(steps, int) or steps < 1:
+            problems.append(f"fake_steps must be an int >= 1 (got {steps!r})")
+        if options.get("fake_load_error"):
+            problems.append(str(options["fake_load_error"]))
+        if problems:
+            raise ModelLoadError("fake model: " + "; ".join(problems))
+        if mode == "cpu" or options.get("fake_preload_torch"):
+            import torch  # noqa: F401  (loaded like a real torch model's dependency)
+        self.exit_on_run = bool(options.get("fake_exit_on_run"))
+        self.delay_ms = delay
         self.mode = mode
         self.fail_every = fail_every
         self.steps = max(1, steps)
         self._runs = 0
         self._lock = threading.Lock()
 
-    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+    def predict(
+        self,
+        ctx: Context,
+        images: list[Image] = Input(description="any bytes (not decoded; echoed as a digest)"),
+        delay_ms: int = Input(None, ge=0, le=600_000, description="run time"),
+        mode: str = Input(None, choices=MODES, description="how the run spends its time"),
+        fail: bool = Input(None, description="raise instead of returning a result"),
+        steps: int = Input(None, ge=1, le=10_000, description="progress steps"),
+    ) -> dict[str, Any]:
         if self.exit_on_run:
             os._exit(70)
         with self._lock:
             self._runs += 1
             run_number = self._runs
-        delay_s = int(request.params.get("delay_ms", self.delay_ms)) / 1000.0
-        mode = str(request.params.get("mode", self.mode))
-        steps = int(request.params.get("steps", self.steps))
+        given = {"delay_ms": delay_ms, "mode": mode, "fail": fail, "steps": steps}
+        params = {name: value for name, value in given.items() if value is not None}
+        delay_s = int(self.delay_ms if delay_ms is None else delay_ms) / 1000.0
+        mode = self.mode if mode is None else mode
+        steps = self.steps if steps is None else steps
         step_s = delay_s / steps
         for step in range(1, steps + 1):
             ctx.check_cancelled()
             if step_s > 0:
                 _spend(mode, step_s)
             ctx.progress(step, steps)
-        if (
-            mode == "fail"
-            or request.params.get("fail")
-            or (self.fail_every and run_number % self.fail_every == 0)
-        ):
+        if mode == "fail" or fail or (self.fail_every and run_number % self.fail_every == 0):
             raise FakeModelFailure(f"fake model failure (run {run_number})")
         digest = hashlib.sha256()
-        for image in request.images:
-            digest.update(hashlib.sha256(image).digest())
+        for image in images:
+            digest.update(hashlib.sha256(image.read()).digest())
         return {
             "model": "fake",
-            "req_id": request.req_id,
-            "images": len(request.images),
+            "req_id": ctx.request_id,
+            "images": len(images),
             "digest": digest.hexdigest(),
-            "params": dict(request.params),
+            "params": params,
             "steps": steps,
         }
 
@@ -131,25 +148,9 @@ def _spend(mode: str, seconds: float) -> None:
         time.sleep(seconds)
 
 
-def create(options: Mapping[str, Any], root: Path) -> FakeModel:
-    """Build one fake instance; raises ModelLoadError on a bad option."""
-    problems = []
-    delay = options.get("fake_delay_ms", 1000)
-    mode = options.get("fake_mode", "sleep")
-    fail_every = options.get("fake_fail_every", 0)
-    steps = options.get("fake_steps", 10)
-    if not isinstance(delay, int) or delay < 0:
-        problems.append(f"fake_delay_ms must be an int >= 0 (got {delay!r})")
-    if mode not in MODES:
-        problems.append(f"fake_mode must be one of {', '.join(MODES)} (got {mode!r})")
-    if not isinstance(fail_every, int) or fail_every < 0:
-        problems.append(f"fake_fail_every must be an int >= 0 (got {fail_every!r})")
-    if not isinstance(steps, int) or steps < 1:
-        problems.append(f"fake_steps must be an int >= 1 (got {steps!r})")
-    if options.get("fake_load_error"):
-        problems.append(str(options["fake_load_error"]))
-    if problems:
-        raise ModelLoadError("fake model: " + "; ".join(problems))
-    if mode == "cpu" or options.get("fake_preload_torch"):
-        import torch  # noqa: F401  (loaded like a real torch model's dependency)
-    return FakeModel(delay, mode, fail_every, steps, bool(options.get("fake_exit_on_run")))
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """One fake instance set up and served through the SDK (no input limits: the
+    registry's ``create_model`` adds the configured ones); raises ModelLoadError."""
+    from mortred_twisted.sdk.loading import build_sdk_model
+
+    return build_sdk_model(FakeModel, options, root)

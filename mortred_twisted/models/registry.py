@@ -17,7 +17,7 @@ from mortred_twisted.models.base import Model, ModelLoadError
 from mortred_twisted.models.input_limits import split_input_limits, takes_input_limits
 
 MODEL_FACTORIES: Mapping[str, str] = {
-    "fake": "mortred_twisted.models.fake:create",
+    "fake": "mortred_twisted.models.fake:FakeModel",
     "DDPM": "mortred_twisted.models.diffusion.ddpm:create",
     "DDIM": "mortred_twisted.models.diffusion.ddim:create",
     "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:create",
@@ -61,15 +61,27 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     except ImportError as exc:
         raise ModelLoadError(f"cannot import model family {module_name}: {exc}") from exc
     factory = getattr(module, attr)
-    if not takes_input_limits(model_type):  # its max_images is its own option
-        return factory(options, root)
-    try:
-        limits, options = split_input_limits(model_type, options)
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
+    served = _is_served_class(factory)
+    limits = None
+    if takes_input_limits(model_type):  # else its max_images is its own option
+        try:
+            limits, options = split_input_limits(model_type, options)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+    if served:  # a family declared with the SDK (issue 26.4)
+        from mortred_twisted.sdk.loading import build_sdk_model
+
+        return build_sdk_model(factory, options, root, input_limits=limits)
     model = factory(options, root)
-    model.input_limits = limits
+    if limits is not None:
+        model.input_limits = limits
     return model
+
+
+def _is_served_class(target: Any) -> bool:
+    from mortred_twisted.sdk.served import ServedModel
+
+    return isinstance(target, type) and issubclass(target, ServedModel)
 
 
 def refuse_entry_point_clash(model_type: str) -> None:

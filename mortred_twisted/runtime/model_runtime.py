@@ -41,6 +41,7 @@ from mortred_twisted.runtime.job_events import JobEvents
 from mortred_twisted.runtime.runner import JobRunner, record_end
 from mortred_twisted.runtime.webhooks import WebhookHttpClient, WebhookSender
 from mortred_twisted.runtime.workers import WorkerPool
+from mortred_twisted.sdk.seed_contract import sdk_declaration
 from mortred_twisted.stores.memory_store import MemoryJobStore
 from mortred_twisted.stores.result_files import (
     JobFiles,
@@ -293,7 +294,7 @@ class ModelRuntime:
     def _loaded(self, models: list[Model]) -> None:
         cfg = self.config
         self.models = models
-        if cfg.async_enabled and models and getattr(models[0], "declaration", None) is not None:
+        if cfg.async_enabled and models and sdk_declaration(models[0]) is not None:
             self._open_result_files()
         self.workers = WorkerPool(models)
         self.runner = JobRunner(
@@ -328,7 +329,7 @@ class ModelRuntime:
         above 1, else what an SDK model declares (``predict_batch`` with its class
         attributes ``max_batch_size``/``batch_wait_ms``), else none."""
         cfg = self.config
-        declaration = getattr(model, "declaration", None)
+        declaration = sdk_declaration(model)  # the seed contract: the server file decides
         if cfg.max_batch_size > 1 or declaration is None or declaration.max_batch_size <= 1:
             return {
                 "max_batch_size": cfg.max_batch_size,

@@ -17,6 +17,16 @@ see an ordinary ``Model``; this adapter translates:
   entry per request, an exception fails its own item only; a wrong-length answer
   fails every item with a message saying so.
 
+A declaration with ``contract = "mortred-v1"`` (the built-in families) is served
+with the seed's envelope instead (:mod:`mortred_twisted.sdk.seed_contract`): the
+params keep the seed's rules and shape, ``images`` fill the image input, and the
+returned data goes out as it is.
+
+The instance may also step runs together (``run_capacity`` above 1 and
+``step_batch()``, see :mod:`mortred_twisted.sdk.step_batching`) and check inputs
+that need its configuration (``check_inputs(params)``, reactor thread, after the
+declaration's checks; a validation twin has no instance, so ``predict`` repeats it).
+
 A *validation twin* (no instance) validates exactly like the loaded model: the
 declaration is plain data, so process-isolated workers send it to the server as
 JSON and the server never imports the user's module.
@@ -35,6 +45,7 @@ from mortred_twisted.sdk.context import Context
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.sdk.media import File, Image
 from mortred_twisted.sdk.outputs import OutputEncoder
+from mortred_twisted.sdk.seed_contract import SEED, image_input, param_specs, validate_seed
 from mortred_twisted.sdk.validation import FILE_REF, validate_inputs
 
 log = Logger(namespace="mortred.model")
@@ -61,11 +72,37 @@ class SdkModel(Model):
         self.declaration = declaration
         self.instance = instance
         self.input_limits = input_limits
-        self.output_schema = declaration.output.json_schema() or None
+        self.seed = declaration.contract == SEED
+        if self.seed:
+            images = image_input(declaration)
+            self.params_schema = param_specs(declaration)
+            self.output_schema = declaration.output_schema
+            self.uses_images = images is not None
+            self.images_optional = images is None or not images.required
+            self._image_name = images.name if images is not None else None
+        else:
+            self.output_schema = declaration.output.json_schema() or None
+        self._check = getattr(instance, "check_inputs", None)
+        capacity = int(getattr(instance, "run_capacity", 1) or 1)
+        maker = getattr(instance, "step_batch", None)
+        self.run_capacity = capacity if capacity > 1 and callable(maker) else 1
+        self._batch = None
+        if self.run_capacity > 1:
+            from mortred_twisted.sdk.step_batching import SdkStepBatch
+
+            self._batch = SdkStepBatch(self, maker())
 
     # -- reactor side ---------------------------------------------------------
 
     def validate(self, request: InferenceRequest) -> InferenceRequest:
+        checked = self._validate(request)
+        if self._check is not None:
+            self._check(checked.params)
+        return checked
+
+    def _validate(self, request: InferenceRequest) -> InferenceRequest:
+        if self.seed:
+            return validate_seed(self.declaration, self.params_schema, request, self.input_limits)
         params, files = validate_inputs(
             self.declaration,
             request.params,
@@ -89,7 +126,12 @@ class SdkModel(Model):
 
     # -- worker side ----------------------------------------------------------
 
+    def step_batch(self) -> Any:
+        return self._batch
+
     def _kwargs(self, request: InferenceRequest) -> dict[str, Any]:
+        if self.seed:
+            return self._seed_kwargs(request)
         kwargs: dict[str, Any] = {}
         for decl in self.declaration.inputs:
             value = request.params.get(decl.name)
@@ -102,11 +144,23 @@ class SdkModel(Model):
             kwargs[decl.name] = value
         return kwargs
 
+    def _seed_kwargs(self, request: InferenceRequest) -> dict[str, Any]:
+        params = request.params
+        kwargs = {spec.name: params.get(spec.name) for spec in self.params_schema}
+        if self._image_name is not None:
+            kwargs[self._image_name] = [Image(data) for data in request.images]
+        return kwargs
+
+    def encoder(self, ctx: RunContext) -> Any:
+        """How a run's outputs are encoded: result files through the run's sink, or
+        (the seed contract) the data as it is."""
+        return _VERBATIM if self.seed else OutputEncoder(ctx.result_files)
+
     @staticmethod
     def _media(make: type[File], ref: Mapping[str, Any], request: InferenceRequest) -> File:
         return make(request.images[ref[FILE_REF]], ref.get("content_type"), name=ref.get("name"))
 
-    def _context(self, ctx: RunContext, request_id: str, encoder: OutputEncoder) -> Context:
+    def _context(self, ctx: RunContext, request_id: str, encoder: Any) -> Context:
         counts: dict[str, int] = {}
 
         def emit(name: str, value: Any) -> None:
@@ -126,7 +180,7 @@ class SdkModel(Model):
 
     def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
         instance = self._require_instance()
-        encoder = OutputEncoder(ctx.result_files)
+        encoder = self.encoder(ctx)
         kwargs = self._kwargs(request)
         if self.declaration.takes_context:
             kwargs["ctx"] = self._context(ctx, request.req_id, encoder)
@@ -153,7 +207,7 @@ class SdkModel(Model):
         if self.declaration.max_batch_size <= 1 or len(requests) == 1:
             return super().run_batch(requests, ctxs)
         instance = self._require_instance()
-        encoders = [OutputEncoder(ctx.result_files) for ctx in ctxs]
+        encoders = [self.encoder(ctx) for ctx in ctxs]
         items = []
         for request in requests:
             items.append(self._kwargs(request))
@@ -181,6 +235,17 @@ class SdkModel(Model):
     def close(self) -> None:
         if self.instance is not None:
             self.instance.close()
+
+
+class _Verbatim:
+    """The seed contract's encoder: the data goes out as the model returned it."""
+
+    @staticmethod
+    def encode(value: Any, stem: str = "output") -> Any:
+        return value
+
+
+_VERBATIM = _Verbatim()
 
 
 def _twin_from_json(

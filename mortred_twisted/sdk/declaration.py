@@ -64,6 +64,8 @@ class Input:
     ``default`` (positional) makes the input optional; without it the input is
     required. ``ge``/``le`` bound numbers (inclusive), ``choices`` restricts values,
     ``min_length``/``max_length`` bound strings, ``max_items`` bounds lists.
+    ``only_when={"other": [values]}``: the input applies only while input ``other``
+    has one of ``values`` (given otherwise: a 422; its default is then not filled in).
     """
 
     __slots__ = (
@@ -75,6 +77,7 @@ class Input:
         "max_items",
         "max_length",
         "min_length",
+        "only_when",
     )
 
     def __init__(
@@ -88,8 +91,10 @@ class Input:
         min_length: int | None = None,
         max_length: int | None = None,
         max_items: int | None = None,
+        only_when: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         self.default = default
+        self.only_when = dict(only_when) if only_when is not None else None
         self.description = description
         self.ge = ge
         self.le = le
@@ -125,6 +130,8 @@ class InputDecl:
     min_length: int | None = None
     max_length: int | None = None
     max_items: int | None = None
+    #: (other input, its values under which this input applies), or None: always
+    only_when: tuple[str, tuple[Any, ...]] | None = None
 
     @property
     def binary(self) -> bool:
@@ -225,6 +232,12 @@ class Declaration:
     #: ``predict_batch`` is defined: the sync path may gather this many requests.
     max_batch_size: int = 1
     batch_wait_ms: float = 0.0
+    #: the wire contract: "sdk" or "mortred-v1" (sdk/seed_contract.py)
+    contract: str = "sdk"
+    #: former input names still accepted: (old, new) pairs
+    renamed: tuple[tuple[str, str], ...] = ()
+    #: "mortred-v1": the JSON schema of the returned data (None: not described)
+    output_schema: Mapping[str, Any] | None = None
 
     def input(self, name: str) -> InputDecl | None:
         for decl in self.inputs:
@@ -258,6 +271,9 @@ class Declaration:
             "takes_context": self.takes_context,
             "max_batch_size": self.max_batch_size,
             "batch_wait_ms": self.batch_wait_ms,
+            "contract": self.contract,
+            "renamed": [list(pair) for pair in self.renamed],
+            "output_schema": self.output_schema,
         }
 
     @classmethod
@@ -269,6 +285,9 @@ class Declaration:
                 values["choices"] = tuple(values["choices"])
             if values.get("is_list") and isinstance(values.get("default"), list):
                 values["default"] = tuple(values["default"])
+            if values.get("only_when") is not None:
+                other, allowed = values["only_when"]
+                values["only_when"] = (str(other), tuple(allowed))
             inputs.append(InputDecl(**values))
         return cls(
             name=str(doc["name"]),
@@ -279,6 +298,9 @@ class Declaration:
             takes_context=bool(doc["takes_context"]),
             max_batch_size=int(doc["max_batch_size"]),
             batch_wait_ms=float(doc["batch_wait_ms"]),
+            contract=str(doc.get("contract", "sdk")),
+            renamed=tuple((str(old), str(new)) for old, new in doc.get("renamed", ())),
+            output_schema=doc.get("output_schema"),
         )
 
 
@@ -345,6 +367,14 @@ def _input_decl(model: str, name: str, annotation: Any, spec: Input) -> InputDec
         raise DeclarationError(model, name, "max_items must be at least 1")
     if spec.choices is not None and (kind in BINARY_KINDS or not spec.choices):
         raise DeclarationError(model, name, "choices must be a non-empty list of values")
+    only_when = None
+    if spec.only_when is not None:
+        if len(spec.only_when) != 1:
+            raise DeclarationError(model, name, "only_when names exactly one other input")
+        ((other, allowed),) = spec.only_when.items()
+        if other == name or isinstance(allowed, str) or not allowed:
+            raise DeclarationError(model, name, "only_when={other: [values]} names another input")
+        only_when = (str(other), tuple(allowed))
     for bound in ("min_length", "max_length"):
         value = getattr(spec, bound)
         if value is not None and (not isinstance(value, int) or value < 0):
@@ -362,6 +392,7 @@ def _input_decl(model: str, name: str, annotation: Any, spec: Input) -> InputDec
         min_length=spec.min_length,
         max_length=spec.max_length,
         max_items=spec.max_items,
+        only_when=only_when,
     )
     if spec.choices is not None:
         bare = dataclasses.replace(decl, choices=None)
@@ -477,15 +508,24 @@ def declare(cls: type, name: str | None = None) -> Declaration:
     if has_batch and streams:
         raise DeclarationError(model, None, "a streaming predict cannot also batch")
     description = inspect.cleandoc(cls.__doc__) if cls.__doc__ else ""
-    return Declaration(
-        name=model,
-        description=description,
-        inputs=tuple(inputs),
-        output=output,
-        streams=streams,
-        takes_context=takes_context,
-        max_batch_size=max_batch,
-        batch_wait_ms=wait_ms,
+    from mortred_twisted.sdk.constraints import check_declaration
+
+    renamed = getattr(cls, "renamed_inputs", None) or {}
+    schema = getattr(cls, "output_schema", None)
+    return check_declaration(
+        Declaration(
+            name=model,
+            description=description,
+            inputs=tuple(inputs),
+            output=output,
+            streams=streams,
+            takes_context=takes_context,
+            max_batch_size=max_batch,
+            batch_wait_ms=wait_ms,
+            contract=str(getattr(cls, "contract", "sdk")),
+            renamed=tuple((str(k), str(v)) for k, v in dict(renamed).items()),
+            output_schema=dict(schema) if schema is not None else None,
+        )
     )
 
 

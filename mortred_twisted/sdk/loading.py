@@ -171,10 +171,15 @@ def build_sdk_model(
         instance.options = dict(options)
         instance.root = Path(root)
         instance.setup()
+        overrides = instance.configure_inputs()
     except ModelLoadError:
         raise
     except Exception as exc:
         raise ModelLoadError(
             f"model {declaration.name}: setup() failed: {type(exc).__name__}: {exc}"
         ) from exc
+    if overrides:
+        from mortred_twisted.sdk.constraints import refine
+
+        declaration = refine(declaration, overrides)
     return SdkModel(declaration, instance, input_limits=input_limits)

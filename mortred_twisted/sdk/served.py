@@ -20,6 +20,20 @@ Lifecycle and threads:
   ``max_batch_size`` and ``batch_wait_ms`` say how many requests to gather and how
   long to wait for them.
 * :meth:`close` (optional) runs once at shutdown, off the reactor thread.
+
+Optional declarations beside ``predict`` (all plain data, so that a validation twin
+without the instance checks exactly what the model does):
+
+* :meth:`configure_inputs` (after ``setup``): constraints that depend on the loaded
+  configuration (a bound read from the weights, a default from the options), as
+  :class:`~mortred_twisted.sdk.declaration.Input` values for declared inputs;
+* :attr:`renamed_inputs`: former input names still accepted (old → new);
+* :attr:`contract`: ``"sdk"`` (named inputs, multipart, result files) or
+  ``"mortred-v1"``, the seed's envelope that the built-in families keep (see
+  :mod:`mortred_twisted.sdk.seed_contract`), with :attr:`output_schema` the JSON
+  schema of the ``data`` that ``predict`` returns as it is;
+* ``run_capacity`` and ``step_batch()`` (step batching) and ``check_inputs(params)``
+  (reactor-thread checks after the declaration's), see ``sdk/step_batching.py``.
 """
 
 from __future__ import annotations
@@ -37,8 +51,21 @@ class ServedModel:
     #: how long a free worker waits for more requests to batch (milliseconds)
     batch_wait_ms: ClassVar[float] = 2.0
 
+    #: the wire contract: "sdk", or "mortred-v1" (the seed envelope, built-ins)
+    contract: ClassVar[str] = "sdk"
+    #: "mortred-v1" only: the JSON schema of the data ``predict`` returns
+    output_schema: ClassVar[Mapping[str, Any] | None] = None
+    #: former input names still accepted, old name -> its declared replacement
+    renamed_inputs: ClassVar[Mapping[str, str]] = {}
+
     options: Mapping[str, Any] = {}
     root: Path = Path(".")
+
+    def configure_inputs(self) -> Mapping[str, Any]:
+        """Constraints read from the loaded configuration: input name -> ``Input``
+        (replacing the declared default and bounds; the type stays the annotation's).
+        Called once after :meth:`setup`; the default changes nothing."""
+        return {}
 
     def setup(self) -> None:
         """Load weights; called once per instance, off the reactor thread."""

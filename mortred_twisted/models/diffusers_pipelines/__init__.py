@@ -10,7 +10,7 @@
 * :mod:`.prompt_batch` — text-to-image runs stepped together (one UNet call per step);
 * :mod:`.pipe_call` — the unbatched kinds' runs (diffusers' calls, or our plain loop);
 * :mod:`.sampling` — what the kinds share: plans, pictures, previews, the result;
-* :mod:`.batched` — the SDK adapter that hands a kind's step batch to the server.
+* the SDK adapter (``sdk/step_batching.py``) hands a kind's step batch to the server.
 
 docs/models/diffusion.md ("type = \"diffusers\"") is the user's side.
 """

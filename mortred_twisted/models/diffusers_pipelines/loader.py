@@ -4,8 +4,8 @@ Reads the directory's ``model_index.json`` (:func:`.components.inspect_directory
 a missing part or an unknown pipeline class fails here, naming it), picks the kind
 of the task asked (``task``, or the pipeline class's own), and builds it with the
 SDK (:func:`~mortred_twisted.sdk.loading.build_sdk_model`: one instance, its
-``setup`` loads the shared pipeline), adapted so that its step batch and its
-configuration-dependent checks reach the server (:mod:`.batched`).
+``setup`` loads the shared pipeline); the SDK adapter hands its step batch and its
+configuration-dependent checks to the server (``sdk/step_batching.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from mortred_twisted.models.base import Model
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
-    from mortred_twisted.models.diffusers_pipelines.batched import StepBatchedSdkModel
     from mortred_twisted.models.diffusers_pipelines.components import inspect_directory
     from mortred_twisted.models.diffusers_pipelines.kinds import KINDS
     from mortred_twisted.models.diffusers_pipelines.options import read_options
@@ -27,4 +26,4 @@ def create(options: Mapping[str, Any], root: Path) -> Model:
     opts = read_options(options, root)
     directory = inspect_directory(opts.path)
     kind = KINDS[directory.task(opts.task)]
-    return StepBatchedSdkModel.around(build_sdk_model(kind, options, root))
+    return build_sdk_model(kind, options, root)

@@ -1,7 +1,7 @@
 """Text-to-image runs of one instance advanced together: one UNet call per step.
 
 :class:`PromptBatch` is the model side of step batching for the Stable Diffusion
-layout (the server side is ``runtime/step_loop.py``; :mod:`.batched` adapts it to
+layout (the server side is ``runtime/step_loop.py``; ``sdk/step_batching.py`` adapts it to
 the :class:`~mortred_twisted.models.base.StepBatch` contract). Each run keeps what
 makes it its own run, exactly as a run alone has it: its scheduler object (any of
 the solvers we ship, any step count), its CPU generator (its seed: the initial
