@@ -71,7 +71,10 @@ class ColdStart:
         self.waiting: dict[str, int] = dict.fromkeys(self.settings, 0)
         self.held = 0
         self.refused = 0
+        #: jobs admitted by the gateway itself at zero replicas (gateway/admission.py)
+        self.admitted = 0
         self._startup_s: dict[str, float] = {}
+        self._nudging: set[str] = set()
 
     def covers(self, route: Route) -> bool:
         """True for a route of an autoscaled id not held before."""
@@ -158,6 +161,16 @@ class ColdStart:
 
         held.addCallbacks(woken, cancelled)
         return held
+
+    def nudge(self, model_id: str) -> None:
+        """A job of ``model_id`` was admitted here with no replica up: ask the
+        supervisor to start one without holding anything (one wake per id in flight
+        at a time: the admitted jobs are already in the backlog it scales on)."""
+        self.admitted += 1
+        if model_id in self._nudging:
+            return
+        self._nudging.add(model_id)
+        self._call(model_id).addBoth(lambda _w: self._nudging.discard(model_id))
 
     def _call(self, model_id: str) -> defer.Deferred[Woken]:
         """This held request's wake call (never fails: a failure is ``Woken(None)``)."""

@@ -169,10 +169,13 @@ class GatewayApp:
         internal_token: str = "",
         request_id: Callable[[], str] | None = None,
         cold_start: Any = None,
+        admission: Any = None,
     ) -> None:
         self.catalog = catalog
         #: holds requests for autoscaled ids with no replica up (gateway/cold_start.py)
         self.cold_start = cold_start
+        #: ... or admits their submits here, in the shared store (gateway/admission.py)
+        self.admission = admission
         self.policy = policy
         self.upstream = upstream
         self.clock = clock
@@ -416,13 +419,7 @@ class GatewayApp:
             if other is not None:
                 return self._forward(request, other, method, headers, data)
             if self.cold_start is not None and self.cold_start.covers(route):
-                return self.cold_start.hold(
-                    route,
-                    lambda again: self._forward(request, again, method, headers, data),
-                    lambda message, retry_s: self._error(
-                        request, 503, message, label, {"Retry-After": str(retry_s)}
-                    ),
-                )
+                return self._cold(request, route, method, headers, data)
         e = failure.value
         self.metrics.upstream_errors.labels(type(e).__name__).inc()
         log.warn(
@@ -434,8 +431,50 @@ class GatewayApp:
         )
         return self._error(request, e.status, f"{route.entry.id}: {e.message}", label)
 
+    def _cold(
+        self,
+        request: Any,
+        route: Route,
+        method: str,
+        headers: dict[bytes, list[bytes]],
+        data: bytes | None,
+    ) -> Any:
+        """No replica of an autoscaled id took the request: a submit, poll, wait or
+        result answered here from the shared store (:mod:`~mortred_twisted.gateway.
+        admission`; an admitted submit wakes the supervisor without waiting for it),
+        else the request held until a replica is ready (:mod:`~mortred_twisted.
+        gateway.cold_start`)."""
+        cold = self.cold_start
+        label = route.kind.value
+
+        def hold() -> defer.Deferred[bytes]:
+            return cold.hold(
+                route,
+                lambda again: self._forward(request, again, method, headers, data),
+                lambda message, retry_s: self._error(
+                    request, 503, message, label, {"Retry-After": str(retry_s)}
+                ),
+            )
+
+        local = self.admission.serve(route, headers, data) if self.admission else None
+        if local is None:
+            return hold()
+
+        def answered(response: Any) -> Any:
+            if response is None:
+                return hold()
+            if route.kind is RouteKind.SUBMIT and response.code == 202:
+                cold.nudge(route.entry.id)
+            return self._render(response, request, route)
+
+        return local.addCallback(answered)
+
     def _answer(self, response: Any, request: Any, route: Route, started: float) -> bytes:
         self._settle(route, started)
+        return self._render(response, request, route)
+
+    def _render(self, response: Any, request: Any, route: Route) -> bytes:
+        """An upstream's (or the admission's) answer, its job URLs made public."""
         code = response.code
         request.setResponseCode(code)
         self._copy_headers(response.headers, request.responseHeaders)

@@ -189,6 +189,10 @@ class RedisJobStore:
         # outage longer than a lease every lease looks expired, and the replicas
         # still running those jobs need one lease period to renew them.
         self._reclaim_from = 0.0
+        #: False for an admission-only client (the gateway's, gateway/admission.py):
+        #: it holds no job, so (re)connecting runs no MAINTAIN (whose ends are
+        #: reported to the replica that ran it, to count them and send webhooks)
+        self.upkeep = True
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -608,7 +612,8 @@ class RedisJobStore:
     def _reconnected(self) -> None:
         """(Re)connected: renew this replica's leases now, reclaim others' later."""
         self._reclaim_from = self._reactor.seconds() + self._lease_ms / 1000.0
-        self.maintain().addErrback(lambda _f: None)
+        if self.upkeep:
+            self.maintain().addErrback(lambda _f: None)
 
     def _resync_waiters(self) -> None:
         """After (re)subscribing, re-read what a deaf subscriber may have missed:

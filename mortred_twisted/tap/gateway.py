@@ -31,6 +31,7 @@ from mortred_twisted.config.control import (
 )
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
+from mortred_twisted.gateway.admission import ColdAdmission
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.cold_start import ColdStart, supervisor_wake
 from mortred_twisted.gateway.metrics import GatewayMetrics
@@ -129,6 +130,8 @@ class GatewayService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.app.admission is not None:  # Redis links of the admission at zero
+            self.app.admission.start()
         self._previous_hup = signal.signal(
             signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload_keys)
         )
@@ -142,6 +145,8 @@ class GatewayService(service.MultiService):
         d = super().stopService()  # the port stops listening
         d.addBoth(lambda _: self._drain())
         d.addBoth(lambda _: self.app.upstream.close())
+        if self.app.admission is not None:
+            d.addBoth(lambda _: self.app.admission.stop())
         return d
 
     def _drain(self) -> Any:
@@ -199,6 +204,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     )
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))
+    cold = cold_start(config, catalog, upstream, internal_token, reactor)
     app = GatewayApp(
         catalog=catalog,
         policy=policy,
@@ -206,7 +212,12 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
         clock=reactor,
         metrics=metrics,
         internal_token=internal_token,
-        cold_start=cold_start(config, catalog, upstream, internal_token, reactor),
+        cold_start=cold,
+        admission=(
+            ColdAdmission.for_catalog(catalog, reactor, internal_token, env)
+            if cold is not None
+            else None
+        ),
     )
     # Our HTTP/1.1 connection handling on llhttp (http11/server.py), not twisted.web:
     # per request it costs about half the CPU, and the gateway's CPU bounds its

@@ -41,6 +41,7 @@ from mortred_twisted.metrics.server import ServerMetrics
 from mortred_twisted.runtime.deadline import within
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.runtime.threads import ModelThreadPool
+from mortred_twisted.runtime.validation_twin import publish_twin
 
 log = Logger()
 
@@ -138,6 +139,13 @@ class ModelServerService(Service):
         self.runtime.start_store()
         loaded = self.runtime.load_models()
         loaded.addBoth(self._freeze_loaded)
+        loaded.addCallback(self._publish_twin)
+
+    def _publish_twin(self, result: Any) -> Any:
+        """On the Redis store, the replica's validation twin for the gateway's
+        admission at zero replicas (runtime/validation_twin.py); not waited for."""
+        publish_twin(self.runtime)
+        return result
 
     @staticmethod
     def _freeze_loaded(result: Any) -> Any:
