@@ -37,7 +37,9 @@ job_store = "redis"
 job_lease_ms = 1000
 job_max_attempts = 3
 
-[model]
+"""
+#: the fake model (``[model]`` of the server file); tests may serve another
+FAKE_MODEL = """[model]
 type = "fake"
 config = "{root}/conf/model/fake/fake.toml"
 fake_delay_ms = 0
@@ -72,17 +74,20 @@ def _toml(value: Any) -> str:
 
 @contextmanager
 def autoscaled_fleet(
-    tmp: Path, redis_url: str, table: Mapping[str, Any]
+    tmp: Path, redis_url: str, table: Mapping[str, Any], model: str = FAKE_MODEL
 ) -> Iterator[tuple[ControlPlane, int]]:
     """The plane and the first replica's port; ``table`` is ``[servers.<MODEL>]``
-    (``replicas = N`` for a fixed count, or the autoscale keys)."""
+    (``replicas = N`` for a fixed count, or the autoscale keys); ``model`` the server
+    file's ``[model]`` table (``{root}``: this checkout)."""
     count = int(table.get("max_replicas", table.get("replicas", 1)))
     api_port = free_port()
     gw_port = next(p for p in iter(free_port, None) if p != api_port)
     port = free_run(count, avoid=(api_port, gw_port))
     catalog = tmp / "catalog"
     catalog.mkdir(parents=True, exist_ok=True)
-    (catalog / "fake_autoscale.toml").write_text(SERVER.format(model=MODEL, port=port, root=ROOT))
+    (catalog / "fake_autoscale.toml").write_text(
+        (SERVER + model).format(model=MODEL, port=port, root=ROOT)
+    )
     conf = tmp / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     lines = [
