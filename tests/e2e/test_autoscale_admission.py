@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.control.plane import ControlPlane
-from tests.e2e.autoscale_fleet import MODEL, autoscale, autoscaled_fleet
+from tests.e2e.autoscale_fleet import IMG, MODEL, autoscale, autoscaled_fleet
 from tests.e2e.test_autoscale import at_zero, attempts, redis  # noqa: F401
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -99,5 +99,35 @@ def test_a_submit_at_zero_is_admitted_before_the_replica_is_ready(
         wait_until(lambda: autoscale(plane).get("ready") == 1, 30, "the replica ready")
         assert submit(plane, bad)[:2] == (bad_code, bad_doc)
         assert redis.command("GET", f"mortred:{{{MODEL}}}:depth") == "0"
+        gateway_log = (tmp_path / "logs" / "gateway.log").read_text()
+        assert f"admission at zero for {MODEL}: validating with the published twin" in gateway_log
+
+
+def test_the_fake_built_in_is_admitted_at_zero_too(tmp_path: Path, redis: RedisServer) -> None:
+    """The fake family (declared with the SDK, contract mortred-v1) publishes an
+    admissible twin: after its first cold start, a submit at zero is admitted by the
+    gateway (its log says so), a bad input is the seed's 422, and the job is done
+    once."""
+    table = {
+        "min_replicas": 0, "max_replicas": 1, "idle_to_zero_s": 2,
+        "scale_down_window_s": 1, "cooldown_s": 0.5, "autoscale_interval_s": 0.25,
+        "cold_start_max_waiting": 4, "cold_start_timeout_s": 90,
+    }  # fmt: skip
+    with autoscaled_fleet(tmp_path, redis.url, table) as (plane, _port):
+        plane.wait_ready(["gateway"])
+        wait_until(lambda: autoscale(plane).get("active") is True, 30, "scaler on")
+        code, _h, first, _t = plane.gw("POST", JOBS, body={"images": [IMG]}, timeout=90)
+        assert code == 202, first
+        wait_until(lambda: at_zero(plane), 60, "back to zero, the replica gone")
+        code, _h, body, _t = plane.gw("POST", JOBS, body={"params": {}}, timeout=90)
+        assert code == 422 and b"images" in body, body
+        assert redis.command("GET", f"mortred:{{{MODEL}}}:depth") == "0"
+        code, _h, raw, _t = plane.gw(
+            "POST", JOBS, body={"images": [IMG], "params": {"delay_ms": 5}}, timeout=90
+        )
+        assert code == 202, raw
+        job_id = json.loads(raw)["job_id"]
+        assert view(plane, job_id, 60_000)[1]["state"] == "done"
+        assert attempts(redis, job_id) == 1
         gateway_log = (tmp_path / "logs" / "gateway.log").read_text()
         assert f"admission at zero for {MODEL}: validating with the published twin" in gateway_log

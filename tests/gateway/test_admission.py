@@ -74,11 +74,16 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
-def server_config(url: str, model_id: str, **server: Any) -> ServerConfig:
+GREETER = "tests.gateway.test_admission:Greeter"
+
+
+def server_config(
+    url: str, model_id: str, model_type: str = GREETER, **server: Any
+) -> ServerConfig:
     doc = {
         "server": {"id": model_id, "async_enabled": True, "job_store": "redis",
                    "redis_url": url, "auth_token": TOKEN, "async_max_queue": 4, **server},
-        "model": {"type": "tests.gateway.test_admission:Greeter"},
+        "model": {"type": model_type},
     }  # fmt: skip
     return build_server_config(doc, env={}, read_model_file=False)
 
@@ -118,10 +123,10 @@ class Rig:
     """A :class:`ColdAdmission` for one model id, a twin published by a replica's
     document, and a replica's store (to claim and end jobs)."""
 
-    def __init__(self, redis: RedisServer, **server: Any) -> None:
+    def __init__(self, redis: RedisServer, model_type: str = GREETER, **server: Any) -> None:
         self.redis = redis
         self.model_id = "A" + uuid.uuid4().hex[:8]
-        self.config = server_config(redis.url, self.model_id, **server)
+        self.config = server_config(redis.url, self.model_id, model_type, **server)
         self.jobs = HeadlessJobs(self.config, reactor)
         self.admission = ColdAdmission({self.model_id: self.jobs})
         self.replica = ModelRuntime(self.config, clock=reactor, threads=HandThreads())
@@ -197,6 +202,41 @@ async def test_a_bad_input_is_the_models_own_422_and_admits_nothing(rig: Rig) ->
     assert len(twin_answers) == len(bad) and {a.code for a in twin_answers if a} <= {400, 422}
     assert b"params.times" in twin_answers[2].body  # type: ignore[union-attr]
     assert rig.depth() == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_fake_built_in_is_admitted_with_its_seed_contract(redis: RedisServer) -> None:
+    """The fake family, declared with the SDK (contract mortred-v1): its twin gives
+    the seed's 422s exactly as the loaded model does, and a good submit is admitted
+    with the seed's params (absent unless given)."""
+    from mortred_twisted.models.fake import create as create_fake
+
+    model = create_fake({"fake_delay_ms": 0}, Path("."))
+    r = Rig(redis, "fake")
+    await r.start(twin_document(model, r.config))
+    try:
+        bad = [json.dumps(d).encode() for d in (
+            {"params": {}}, {"images": [], "params": {}},
+            {"images": ["aGk="], "params": {"delay_ms": -1}},
+            {"images": ["aGk="], "params": {"dleay_ms": 1}},
+            {"images": ["aGk="], "params": {"mode": "warp"}},
+        )]  # fmt: skip
+        twin_answers = [await r.call(RouteKind.SUBMIT, b) for b in bad]
+        r.jobs.runtime.models = [model]
+        model_answers = [await r.call(RouteKind.SUBMIT, b) for b in bad]
+        assert [(a.code, a.body) for a in twin_answers if a] == [
+            (a.code, a.body) for a in model_answers if a
+        ]
+        assert len(twin_answers) == len(bad) and r.depth() == 0
+        assert all(a.code in (400, 413, 422) for a in twin_answers if a)
+        ok = json.dumps({"images": ["aGk="], "params": {"delay_ms": 5}}).encode()
+        answer = await r.call(RouteKind.SUBMIT, ok)
+        assert answer is not None and answer.code == 202, answer
+        claim = await r.replica.store.claim_next()
+        assert claim is not None and dict(claim.request.params) == {"delay_ms": 5}
+        assert list(claim.request.images) == [b"hi"]
+    finally:
+        await r.stop()
 
 
 @pytest_twisted.ensureDeferred
