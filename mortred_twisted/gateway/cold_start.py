@@ -33,6 +33,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.routing import Route
@@ -75,6 +76,11 @@ class ColdStart:
         self.admitted = 0
         self._startup_s: dict[str, float] = {}
         self._nudging: set[str] = set()
+        #: ids whose last wake found no replica (an operator's stop, the supervisor
+        #: shutting down or unreachable, a start past the timeout): their submits
+        #: are held (and refused as before) until a wake finds one, never admitted
+        #: here into a store no replica may ever read
+        self.unstartable: set[str] = set()
 
     def covers(self, route: Route) -> bool:
         """True for a route of an autoscaled id not held before."""
@@ -177,11 +183,17 @@ class ColdStart:
         call = self._wake(model_id)
 
         def done(w: Any) -> Woken:
+            if isinstance(w, Failure) and w.check(defer.CancelledError):
+                return Woken(None)  # the client left: says nothing about the model
             if not isinstance(w, Woken):
                 log.warn("cold start {id}: wake failed: {why}", id=model_id, why=w)
                 w = Woken(None)
             if w.startup_s is not None:
                 self._startup_s[model_id] = w.startup_s
+            if w.url is None:
+                self.unstartable.add(model_id)
+            else:
+                self.unstartable.discard(model_id)
             return w
 
         return call.addBoth(done)

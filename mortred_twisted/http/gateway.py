@@ -456,7 +456,12 @@ class GatewayApp:
                 ),
             )
 
-        local = self.admission.serve(route, headers, data) if self.admission else None
+        admission = self.admission
+        if admission is None or (
+            route.kind is RouteKind.SUBMIT and route.entry.id in cold.unstartable
+        ):
+            return hold()
+        local = admission.serve(route, headers, data)
         if local is None:
             return hold()
 

@@ -88,7 +88,7 @@ def test_one_wake_at_a_time_per_model_for_admitted_jobs() -> None:
     h.call("POST", JOB, headers=AUTH, data=b"{}")
     h.call("POST", JOB, headers=AUTH, data=b"{}")
     assert len(wakes) == 1
-    wakes[0].callback(Woken(None))
+    wakes[0].callback(Woken("http://127.0.0.1:18100"))
     h.call("POST", JOB, headers=AUTH, data=b"{}")
     assert len(wakes) == 2 and h.app.cold_start.admitted == 3
 
@@ -113,3 +113,24 @@ def test_without_an_answer_the_request_is_held_as_before() -> None:
         assert client.answer() is None  # held: no answer yet
         assert admission.seen and len(wakes) == 1
         assert h.app.cold_start.waiting["ASYNC"] == 1 and h.app.cold_start.held == 1
+
+
+def test_after_a_wake_found_no_replica_submits_are_held_not_admitted() -> None:
+    """The supervisor answered a wake without a replica (an operator's stop): the
+    next submit is held (and refused as before), not admitted into a store no
+    replica may read; once a wake finds a replica, submits are admitted again; a
+    wake cancelled by a client that left marks nothing."""
+    h, admission, wakes = rig(local(202, ADMITTED, location="/jobs/job_z"))
+    h.call("POST", JOB, headers=AUTH, data=b"{}")
+    wakes[0].callback(Woken(None))
+    assert "ASYNC" in h.app.cold_start.unstartable
+    served = len(admission.seen)
+    client = Client(h)
+    client.send("POST", JOB, AUTH, b"{}")
+    assert client.answer() is None and len(admission.seen) == served  # held
+    response, _ = h.call("GET", f"{JOB}/job_z", headers=AUTH)  # a poll: still from Redis
+    assert response.code == 202 and len(admission.seen) == served + 1
+    wakes[1].callback(Woken("http://127.0.0.1:18100"))
+    assert "ASYNC" not in h.app.cold_start.unstartable
+    h.app.cold_start.hold(admission.seen[0][0], lambda r: defer.succeed(b""), None).cancel()
+    assert "ASYNC" not in h.app.cold_start.unstartable
