@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from mortred_twisted.config.catalog import CatalogEntry
+from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.config.control import AutoscaleSettings
 from mortred_twisted.config.server import ServerConfig, build_server_config
 from mortred_twisted.gateway.admission import ColdAdmission, HeadlessJobs, LocalResponse
@@ -380,3 +381,29 @@ async def test_a_replica_publishes_its_twin_at_ready(redis: RedisServer) -> None
         assert refused["admit"] is False and "not an SDK model" in refused["why"]
     finally:
         await runtime.close_store()
+
+
+def test_the_admission_covers_autoscaled_redis_ids_read_as_the_children_do(
+    tmp_path: Path,
+) -> None:
+    """for_catalog: an autoscaled id on Redis with async jobs gets a headless model
+    read from its server file with this environment (MORTRED_* overrides as in the
+    children) and the internal token as its auth_token; another id, or an unreadable
+    server file, is left to hold-and-forward."""
+    conf = tmp_path / "conf" / "server"
+    conf.mkdir(parents=True)
+    good = conf / "a.toml"
+    good.write_text('[server]\nid = "A"\nasync_enabled = true\njob_store = "redis"\n'
+                    '[model]\ntype = "fake"\n')  # fmt: skip
+    fixed = replace(entry("F"), autoscale=None, config_path=str(good))
+    memory = replace(entry("M"), job_store="memory", config_path=str(good))
+    broken = replace(entry("B"), config_path=str(tmp_path / "missing.toml"))
+    catalog = Catalog([replace(entry("A"), config_path=str(good)), fixed, memory, broken])
+    env = {"MORTRED_REDIS_URL": "redis://127.0.0.1:1/3", "MORTRED_ASYNC_MAX_QUEUE": "7"}
+    admission = ColdAdmission.for_catalog(catalog, reactor, "secret", env)
+    assert admission is not None and list(admission.models) == ["A"]
+    config = admission.models["A"].config
+    assert (config.redis_url, config.async_max_queue, config.auth_token) == (
+        "redis://127.0.0.1:1/3", 7, "secret",
+    )  # fmt: skip
+    assert ColdAdmission.for_catalog(Catalog([fixed]), reactor) is None
