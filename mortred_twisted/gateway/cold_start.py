@@ -3,16 +3,25 @@
 
 When every upstream of an autoscaled model id refused the connection (its
 replicas were scaled to zero, or are still starting), the gateway does not answer
-503 at once: it asks the supervisor to start one (``POST /api/v1/autoscale/<id>/
-wake``, one call per held request: the supervisor counts them as load, so a burst
-that arrives at zero starts the replicas it needs, not one) and forwards the request
-to the replica the answer names, once it is ready. A submit held this way
-gets its 202 when the first replica is up and has admitted it (the job is then in
-the shared Redis store like any other); the body was read before the first try,
-so nothing is sent twice.
+503 at once. A submit, poll, wait or result it can answer itself from the shared
+Redis store is answered there (:mod:`~mortred_twisted.gateway.admission`: a submit
+is admitted at once, validated with the model's validation twin, and its 202 says
+so; :meth:`ColdStart.nudge` then asks the supervisor for a replica without holding
+anything). Any other request, and a submit the admission cannot take (no usable
+twin: a model whose validation is code, a twin not published yet or published with
+other settings; Redis not reached), is held: the gateway asks the supervisor to
+start a replica (``POST /api/v1/autoscale/<id>/wake``, one call per held request:
+the supervisor counts them as load, so a burst that arrives at zero starts the
+replicas it needs, not one) and forwards the request to the replica the answer
+names, once it is ready. A submit held this way gets its 202 when the first replica
+is up and has admitted it; the body was read before the first try, so nothing is
+sent twice. After a wake came back without a replica (:attr:`ColdStart.
+unstartable`: an operator's stop, shutdown, a start past the timeout) submits are
+held again, not admitted, until a wake finds one.
 
 **Bounds**, per id (``[servers.<id>]``): at most ``cold_start_max_waiting``
-requests held at once, each for at most ``cold_start_timeout_s``. Beyond either,
+requests held at once, each for at most ``cold_start_timeout_s`` (jobs admitted at
+zero are not held: they wait in the store, within ``async_timeout``). Beyond either,
 or when the supervisor refuses (operator stop, shutdown) or cannot be reached, the
 request is answered 503 with ``Retry-After``: the replica start-up time the
 supervisor measured (its last answer's ``startup_s``; before any was measured, the
