@@ -6,6 +6,7 @@ Names: ``mortred_gateway_requests_total{route,status}``,
 ``mortred_gateway_auth_failures_total{reason}``,
 ``mortred_gateway_inflight_requests``, ``mortred_gateway_api_keys``,
 ``mortred_gateway_key_reloads_total{result}``,
+``mortred_gateway_cold_start_requests_total{outcome}``,
 ``mortred_gateway_key_job_submits_total{key,status}`` (per API key name, from the key
 file only, at most :data:`MAX_KEY_LABELS` names), and the edge limits
 (:mod:`~mortred_twisted.metrics.edge`): ``mortred_gateway_body_bytes_held``, …
@@ -131,5 +132,29 @@ class GatewayMetrics:
         pauses) as ``mortred_gateway_*`` families."""
         self.registry.register(EdgeLimitsCollector("mortred_gateway", server))
 
+    def watch_cold_start(self, cold: object) -> None:
+        """Export a :class:`~mortred_twisted.gateway.cold_start.ColdStart`'s counts as
+        ``mortred_gateway_cold_start_requests_total{outcome}``: ``held`` (until a
+        replica was ready), ``refused`` (503 beyond the bounds), ``admitted`` (jobs
+        admitted here at zero replicas, gateway/admission.py)."""
+        self.registry.register(_ColdStartCollector(cold))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ColdStartCollector:
+    """Reads the cold-start counters at scrape time (reactor thread)."""
+
+    def __init__(self, cold: object) -> None:
+        self._cold = cold
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "mortred_gateway_cold_start_requests",
+            "Requests for an autoscaled id with no replica up, by outcome",
+            labels=["outcome"],
+        )
+        for outcome in ("held", "refused", "admitted"):
+            family.add_metric([outcome], getattr(self._cold, outcome, 0))
+        yield family

@@ -205,6 +205,8 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))
     cold = cold_start(config, catalog, upstream, internal_token, reactor)
+    if cold is not None:
+        metrics.watch_cold_start(cold)
     app = GatewayApp(
         catalog=catalog,
         policy=policy,

@@ -79,6 +79,10 @@ def test_a_submit_at_zero_is_answered_by_the_admission_with_public_urls() -> Non
     assert headers[b"idempotency-key"] == [b"k"] and headers[b"x-mortred-principal"]
     cold = h.app.cold_start
     assert len(wakes) == 1 and cold.waiting["ASYNC"] == 0 and cold.admitted == 1
+    h.app.metrics.watch_cold_start(cold)
+    text = h.app.metrics.render().decode()
+    assert 'mortred_gateway_cold_start_requests_total{outcome="admitted"} 1.0' in text
+    assert 'mortred_gateway_cold_start_requests_total{outcome="held"} 0.0' in text
 
 
 def test_one_wake_at_a_time_per_model_for_admitted_jobs() -> None:
