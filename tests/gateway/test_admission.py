@@ -407,3 +407,22 @@ def test_the_admission_covers_autoscaled_redis_ids_read_as_the_children_do(
         "redis://127.0.0.1:1/3", 7, "secret",
     )  # fmt: skip
     assert ColdAdmission.for_catalog(Catalog([fixed]), reactor) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_multipart_submit_is_admitted_as_on_the_model_port(rig: Rig) -> None:
+    """An SDK model takes multipart/form-data: its fields are the inputs (text
+    parsed as the declaration says), as on the model port."""
+    boundary = "xyz"
+    data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nada\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"times\"\r\n\r\n2\r\n"
+            f"--{boundary}--\r\n").encode()  # fmt: skip
+    kind = f"multipart/form-data; boundary={boundary}"
+    answer = rig.admission.serve(
+        route(rig.model_id, RouteKind.SUBMIT), {**headers(), b"content-type": [kind.encode()]}, data
+    )
+    assert answer is not None
+    admitted = await answer
+    assert admitted is not None and admitted.code == 202, admitted
+    claim = await rig.replica.store.claim_next()
+    assert claim is not None and dict(claim.request.params) == {"name": "ada", "times": 2}
