@@ -426,3 +426,16 @@ async def test_a_multipart_submit_is_admitted_as_on_the_model_port(rig: Rig) -> 
     assert admitted is not None and admitted.code == 202, admitted
     claim = await rig.replica.store.claim_next()
     assert claim is not None and dict(claim.request.params) == {"name": "ada", "times": 2}
+
+
+def test_a_process_isolated_replica_publishes_the_twin_its_worker_sent() -> None:
+    """Under worker_isolation = "process" the server validates with the twin its
+    worker sent back: that twin is what the replica publishes."""
+    from mortred_twisted.models.isolated import IsolatedModel
+
+    isolated = IsolatedModel.__new__(IsolatedModel)  # no worker process: its twin only
+    isolated._local = loaded().validation_twin()
+    config = server_config("redis://127.0.0.1:1/0", "M")
+    parsed = parse_twin(twin_document(isolated, config), config)
+    assert parsed.twin is not None
+    assert parsed.twin.declaration.to_json() == loaded().declaration.to_json()
