@@ -291,10 +291,7 @@ def tolerance(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for seed in range(16)
             ]
             alone = [model.run(r, RunContext()) for r in reqs]
-            if extra:
-                together = stepped_together(model, reqs)
-            else:
-                together = model.run_batch(reqs, [RunContext() for _ in reqs])
+            together = stepped_together(model, reqs)
             diffs = [
                 np.abs(a - b)
                 for x, y in zip(alone, together, strict=True)

@@ -85,7 +85,7 @@ def main() -> None:
     for name in args.models.split(","):
         options = tomllib.loads((ROOT / CONFIGS[name]).read_text())
         options.update(device="cpu", channels_last=False, max_running_jobs=1)
-        model = create_model(name, options, ROOT)
+        model = create_model(name, options, ROOT).instance  # the family's DiffusionModel
         net, shape = model.pipe.denoiser, model.pipe.latent_shape
         conditional = model.pipe.num_classes > 0
         nets = variants(net, args.compile)

@@ -111,9 +111,10 @@ def _refined(model: str, decl: InputDecl, spec: Input) -> InputDecl:
 def drop_inapplicable(
     declaration: Declaration, params: dict[str, Any], given: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """``params`` without the inputs whose ``only_when`` does not hold: a value the
-    request gave is a 422 (``params.<name>: applies only to …``), a default is
-    dropped. ``given`` is the request's params as sent (after renames)."""
+    """``params`` without the inputs whose ``only_when`` does not hold: a key the
+    request gave (even as null: the seed's rule) is a 422 (``params.<name>: applies
+    only to …``), a default is dropped. ``given`` is the request's params as sent
+    (after renames)."""
     for decl in declaration.inputs:
         if decl.only_when is None or decl.name not in params:
             continue
@@ -121,7 +122,7 @@ def drop_inapplicable(
         current = params.get(other)
         if current in allowed:
             continue
-        if decl.name in given and given[decl.name] is not None:
+        if decl.name in given:
             choices = " or ".join(repr(v) for v in allowed)
             raise InvalidRequest(
                 f"params.{decl.name}", f"applies only to {other} {choices} ({other} is {current!r})"

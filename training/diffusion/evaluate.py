@@ -161,7 +161,7 @@ def evaluate_model(
             round(float((pred[req == c] == c).mean()), 3) for c in range(10)
         ]
     if name == "LDM":
-        ae = model.pipe.manifest.get("training", {}).get("autoencoder", {})
+        ae = model.instance.pipe.manifest.get("training", {}).get("autoencoder", {})
         fig["autoencoder_reconstruction_test"] = ae.get("figures", {}).get("reconstruction_test")
     if grid:
         if name == "CLS_COND_DDIM":
@@ -170,7 +170,7 @@ def evaluate_model(
             save_grid(px[order], f"docs/img/{name.lower()}_grid.png")
         else:
             save_grid(px[:100], f"docs/img/{name.lower()}_grid.png")
-    fig["pipeline"] = str(model.pipe.path)
+    fig["pipeline"] = str(model.instance.pipe.path)
     return fig
 
 

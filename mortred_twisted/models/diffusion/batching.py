@@ -1,8 +1,10 @@
 """Denoising runs of one diffusion model advanced together: one batched forward per step.
 
 :class:`DenoiseBatch` is the model side of step batching (the reactor side is
-``runtime/step_loop.py``; see :class:`~mortred_twisted.models.base.StepBatch` for the
-contract). Each run keeps everything that makes it *its own* run, exactly as a run
+``runtime/step_loop.py``; ``sdk/step_batching.py`` hands it to the server: the
+:class:`~mortred_twisted.models.base.StepBatch` contract in ``predict``'s terms, a run
+joins with its SDK :class:`~mortred_twisted.sdk.Context` and its params). Each run
+keeps everything that makes it *its own* run, exactly as a run
 alone has it: its diffusers scheduler object (any scheduler, step count, ``eta``),
 its ``torch.Generator`` (seeded with its seed: the initial noise and every stochastic
 step draw from it), its latents, guidance scale, class labels and ``predicted_x0``
@@ -27,11 +29,11 @@ run's scheduler (or its decode) is that run's outcome alone.
 
 Images are the same alone and in a batch up to the floating-point differences of a
 different batch size in the denoiser's kernels (measured: docs/models/diffusion.md,
-"Step batching"). A run alone (``DiffusionModel.run``) goes through this same code
+"Step batching"). A run alone (``DiffusionModel.predict``) goes through this same code
 with a batch of one, so its bytes equal the model's solo output.
 
 Thread contract: one thread at a time calls :meth:`join`, :meth:`step` and
-:meth:`abandon` (the server's batch loop, or the thread of a solo ``run``); a run's
+:meth:`abandon` (the server's batch loop, or the thread of a solo ``predict``); a run's
 context may be cancelled from any thread. The pipeline's networks are shared and
 only read.
 """
@@ -39,17 +41,20 @@ only read.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import InferenceRequest, ModelError, RunContext, StepBatch
+from mortred_twisted.models.base import ModelError
 from mortred_twisted.models.diffusion import schedulers
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.diffusion.service import DiffusionModel, SamplingPlan
+    from mortred_twisted.models.diffusion.inputs import SamplingPlan
+    from mortred_twisted.models.diffusion.service import DiffusionModel
+    from mortred_twisted.sdk import Context
 
 #: How many intermediate ``predicted_x0`` snapshots a run returns at most.
 MAX_X0_SNAPSHOTS = 8
@@ -76,7 +81,7 @@ class SamplingDiverged(ModelError):
 class _Run:
     """One run's own state (see the module docstring)."""
 
-    ctx: RunContext
+    ctx: Context
     plan: SamplingPlan
     scheduler: Any
     timesteps: torch.Tensor
@@ -102,8 +107,10 @@ class _Run:
         return self.x.shape[0] * (2 if self.guided else 1)
 
 
-class DenoiseBatch(StepBatch):
-    """The runs of one :class:`DiffusionModel` instance (see the module docstring)."""
+class DenoiseBatch:
+    """The runs of one :class:`DiffusionModel` instance (see the module docstring):
+    ``join(key, ctx, params)``, ``step()``, ``abandon()`` and ``active`` as the SDK's
+    step batching takes them (``params``: ``predict``'s keyword arguments)."""
 
     def __init__(self, model: DiffusionModel, max_rows: int) -> None:
         self._model = model
@@ -116,11 +123,14 @@ class DenoiseBatch(StepBatch):
     def active(self) -> int:
         return len(self._runs)
 
-    def join(self, key: int, request: InferenceRequest, ctx: RunContext) -> None:
+    def join(self, key: int, ctx: Context, params: Mapping[str, Any]) -> None:
+        """Prepare a run that takes part from the next :meth:`step` on; raises (the
+        run never joined) when it is cancelled already."""
         ctx.check_cancelled()
-        self._runs[key] = self._start(request, ctx)
+        self._runs[key] = self._start(params, ctx)
 
     def abandon(self) -> list[int]:
+        """Drop every run (after a step itself failed); their keys."""
         keys = list(self._runs)
         self._runs.clear()
         return keys
@@ -128,7 +138,7 @@ class DenoiseBatch(StepBatch):
     # -- one step -----------------------------------------------------------------
 
     def step(self) -> list[tuple[int, Any]]:
-        """One step of every run (see :class:`StepBatch`). When a part the runs
+        """One step of every run (the ``StepBatch`` contract). When a part the runs
         share fails (the batched denoiser call: out of memory, a broken kernel), every
         run still held leaves with that error and the batch is empty; runs that left
         earlier in the same step (cancelled, failed alone) keep their own outcome. So
@@ -323,11 +333,11 @@ class DenoiseBatch(StepBatch):
 
     # -- a run's start ------------------------------------------------------------
 
-    def _start(self, request: InferenceRequest, ctx: RunContext) -> _Run:
-        """A fresh scheduler, generator and initial noise for ``request`` (as a run
+    def _start(self, params: Mapping[str, Any], ctx: Context) -> _Run:
+        """A fresh scheduler, generator and initial noise for ``params`` (as a run
         alone draws them)."""
         model = self._model
-        plan = model.plan(request.params)
+        plan = model.plan(params)
         scheduler = model.schedulers.fresh(plan.scheduler, plan.steps)
         timesteps = scheduler.timesteps
         total = len(timesteps)
@@ -367,23 +377,24 @@ class DenoiseBatch(StepBatch):
 
 def run_together(
     model: DiffusionModel,
-    requests: list[InferenceRequest],
-    ctxs: list[RunContext],
+    runs: list[Mapping[str, Any]],
+    ctxs: list[Context],
     max_rows: int,
 ) -> list[Any]:
-    """Run ``requests`` in one private batch on the calling thread, to the end.
+    """Run ``runs`` (each its params) in one private batch on the calling thread, to
+    the end.
 
     Each entry is the run's ``data`` or the exception that ended it (one failing run
-    never fails the others). ``DiffusionModel.run`` is this with one request.
+    never fails the others). ``DiffusionModel.predict`` is this with one run.
     """
     batch = DenoiseBatch(model, max_rows)
     outcomes: dict[int, Any] = {}
-    for key, (request, ctx) in enumerate(zip(requests, ctxs, strict=True)):
+    for key, (params, ctx) in enumerate(zip(runs, ctxs, strict=True)):
         try:
-            batch.join(key, request, ctx)
+            batch.join(key, ctx, params)
         except Exception as exc:
             outcomes[key] = exc
     while batch.active:
         for key, outcome in batch.step():
             outcomes[key] = outcome
-    return [outcomes[key] for key in range(len(requests))]
+    return [outcomes[key] for key in range(len(runs))]

@@ -1,6 +1,8 @@
 """DDIM: the same unconditional pipeline, DDIM by default (eta 0).
 
-One family over diffusers pipelines: see :mod:`~mortred_twisted.models.diffusion.factory`
+Declared with the SDK: :class:`DdimModel` is the catalog id's
+:class:`~mortred_twisted.models.diffusion.service.DiffusionModel` (the seed's
+``"mortred-v1"`` contract). See :mod:`~mortred_twisted.models.diffusion.factory`
 (what DDIM requires of its pipeline), :mod:`~mortred_twisted.models.diffusion.options`
 (model options) and docs/models/diffusion.md (request params, figures).
 """
@@ -12,9 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.models.base import Model
-from mortred_twisted.models.diffusion.factory import create_family
+from mortred_twisted.models.diffusion.service import DiffusionModel
+
+
+class DdimModel(DiffusionModel):
+    """DDIM: an unconditional pipeline, DDIM by default."""
+
+    family = "DDIM"
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
-    """Build one DDIM instance (loader thread); raises ``ModelLoadError``."""
-    return create_family("DDIM", options, root)
+    """One DDIM instance set up and served through the SDK (loader thread); raises
+    ``ModelLoadError``."""
+    from mortred_twisted.sdk.loading import build_sdk_model
+
+    return build_sdk_model(DdimModel, options, root)

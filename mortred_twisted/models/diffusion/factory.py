@@ -1,4 +1,4 @@
-"""Build a served diffusion model from its options (loader thread).
+"""Load what a served diffusion model needs from its options (loader thread).
 
 The four catalog ids are one family over diffusers pipelines; they differ only in
 what they require of the pipeline and in their defaults:
@@ -12,10 +12,11 @@ id                 denoiser                    autoencoder        default schedu
 ``LDM``            unconditional               required           ``ddim``
 =================  ==========================  =================  ==================
 
-``create`` reads the options (every problem at once), resolves the device and dtype,
-loads the verified pipeline (shared between the server's workers) and builds the
-request-params schema from what the pipeline offers (steps bounded by its train
-timesteps, class ids by its number of classes).
+:func:`load_family` reads the options (every problem at once), resolves the device
+and dtype, loads the verified pipeline (shared between the server's workers) and
+checks it against the family; the served model
+(:class:`~mortred_twisted.models.diffusion.service.DiffusionModel`) declares its
+request params from what it returns (:func:`~.inputs.configured`).
 """
 
 from __future__ import annotations
@@ -25,25 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from mortred_twisted.models.base import Model, ModelLoadError
-from mortred_twisted.models.diffusion import schedulers
-from mortred_twisted.models.diffusion.options import read_options
+from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.models.diffusion.options import DiffusionOptions, read_options
 from mortred_twisted.models.diffusion.pipeline import (
     LoadedPipeline,
     load_pipeline,
     resolve_device,
 )
-from mortred_twisted.models.diffusion.service import (
-    DiffusionModel,
-    SamplingPlan,
-    resolve_seed,
-)
-from mortred_twisted.models.params import ParamSpec
-
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +52,22 @@ FAMILIES = {
     "CLS_COND_DDIM": FamilySpec(conditional=True, latent=None, scheduler="ddim"),
     "LDM": FamilySpec(conditional=False, latent=True, scheduler="ddim"),
 }
+
+
+@dataclass(frozen=True)
+class LoadedFamily:
+    """One catalog id's checked options and pipeline."""
+
+    family: str
+    spec: FamilySpec
+    options: DiffusionOptions
+    device: torch.device
+    dtype: torch.dtype
+    pipe: LoadedPipeline
+    #: the pipeline's ``num_train_timesteps`` (the bound on ``params.sample_steps``)
+    trained: int
+    #: the default ``params.sample_steps`` (the option, else ``trained``)
+    steps: int
 
 
 def _check_pipeline(family: str, spec: FamilySpec, pipe: LoadedPipeline) -> None:
@@ -82,8 +89,10 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def create_family(family: str, options: Mapping[str, Any], root: Path) -> Model:
-    """Build one instance of catalog id ``family``; raises ``ModelLoadError``."""
+def load_family(family: str, options: Mapping[str, Any], root: Path) -> LoadedFamily:
+    """Catalog id ``family``'s options checked and pipeline loaded; raises
+    ``ModelLoadError`` (bad options, a pipeline the family cannot serve,
+    ``sample_steps`` above the trained schedule)."""
     spec = FAMILIES[family]
     opts = read_options(options, family, root, default_scheduler=spec.scheduler)
     device = resolve_device(opts.device)
@@ -99,109 +108,4 @@ def create_family(family: str, options: Mapping[str, Any], root: Path) -> Model:
             f"invalid {family} model options: sample_steps: must be <= {trained} "
             "(the pipeline's num_train_timesteps)"
         )
-    schema = params_schema(opts.scheduler, steps, trained, opts.eta, opts.max_images)
-    if spec.conditional:
-        schema += [
-            ParamSpec(
-                "class_id",
-                int,
-                minimum=0,
-                maximum=pipe.num_classes - 1,
-                description="class to draw; absent = drawn per image from the seed",
-            ),
-            ParamSpec(
-                "guidance_scale",
-                float,
-                default=opts.guidance_scale,
-                minimum=0.0,
-                maximum=20.0,
-                description="classifier-free guidance: 0 = unconditional, 1 = conditional "
-                "without guidance, > 1 = eps_u + s (eps_c - eps_u) (one batched pass of 2B)",
-            ),
-        ]
-
-    def plan(params: Mapping[str, Any]) -> SamplingPlan:
-        seed = resolve_seed(params)
-        n = int(params["num_images"])
-        labels = None
-        guidance = 1.0
-        if spec.conditional:
-            if params.get("class_id") is not None:
-                labels = [int(params["class_id"])] * n
-            else:
-                drawn = np.random.default_rng(seed).integers(0, pipe.num_classes, n)
-                labels = [int(v) for v in drawn]
-            guidance = float(params["guidance_scale"])
-        eta = params.get("eta")
-        return SamplingPlan(
-            scheduler=str(params["scheduler"]),
-            steps=int(params["sample_steps"]),
-            eta=float(eta) if eta is not None else None,
-            num_images=n,
-            seed=seed,
-            labels=labels,
-            guidance_scale=guidance,
-            predicted_x0=bool(params["predicted_x0"]),
-        )
-
-    model = DiffusionModel(
-        family=family, pipe=pipe, device=device, dtype=dtype, params_schema=schema, plan=plan,
-        max_running_jobs=opts.max_running_jobs, max_batch_images=opts.max_batch_images,
-        channels_last=opts.channels_last,
-    )  # fmt: skip
-    if opts.compile:
-        model.compile_denoiser()
-    return model
-
-
-def params_schema(
-    scheduler: str, steps: int, trained: int, eta: float, max_images: int
-) -> list[ParamSpec]:
-    """The request params every diffusion model accepts."""
-    return [
-        ParamSpec(
-            "scheduler",
-            str,
-            default=scheduler,
-            choices=schedulers.NAMES,
-            description="sampler (diffusers scheduler); formerly 'sampler', still accepted",
-        ),
-        ParamSpec(
-            "sample_steps",
-            int,
-            default=steps,
-            minimum=1,
-            maximum=trained,
-            description="denoising steps, spread over the trained schedule; formerly "
-            "'timesteps' (DDPM), still accepted",
-        ),
-        ParamSpec(
-            "eta",
-            float,
-            default=eta,
-            minimum=0.0,
-            maximum=1.0,
-            description="scheduler 'ddim' only: 0 = deterministic, 1 = DDPM-like noise",
-        ),
-        ParamSpec(
-            "seed",
-            int,
-            minimum=0,
-            maximum=MAX_SEED,
-            description="random seed; absent = a fresh one, echoed in data.seed",
-        ),
-        ParamSpec(
-            "num_images",
-            int,
-            default=1,
-            minimum=1,
-            maximum=max_images,
-            description="images sampled together in one batch",
-        ),
-        ParamSpec(
-            "predicted_x0",
-            bool,
-            default=False,
-            description="also return snapshots of the predicted clean image",
-        ),
-    ]
+    return LoadedFamily(family, spec, opts, device, dtype, pipe, trained, steps)

@@ -1,9 +1,18 @@
 """The served diffusion model: our sampling loop over diffusers components.
 
-Contracts (see :mod:`mortred_twisted.models.base`):
+:class:`DiffusionModel` is a :class:`~mortred_twisted.sdk.ServedModel` with the
+seed's contract (``"mortred-v1"``: the params, 422 messages and ``data`` of the
+seed); one subclass per catalog id names its family (``ddpm.py`` … ``ldm.py``).
+Contracts:
 
-* :meth:`DiffusionModel.validate` (reactor thread) is the declarative params check
-  plus the renamed-param mapping and cross-field checks; it never touches torch.
+* Validation (reactor thread, or a validation twin without the weights) is the
+  declaration alone: the inputs of ``predict`` (:mod:`.inputs`) as
+  :meth:`DiffusionModel.configure_inputs` constrains them after :meth:`setup`, the
+  renamed params (``timesteps``, ``sampler``) and ``eta``'s rule (``only_when``:
+  given with another scheduler, a 422; its default dropped). No torch.
+* :meth:`DiffusionModel.setup` (loader thread) loads the family's pipeline
+  (:func:`~.factory.load_family`; a ``ModelLoadError`` names the problem) and, with
+  ``compile = true``, compiles the denoiser before the server turns ready.
 * A run (worker thread) builds a fresh diffusers scheduler (``params.scheduler``),
   seeds a private ``torch.Generator`` (``params.seed``, or a fresh seed echoed in
   ``data.seed``), draws the initial noise of all ``num_images`` images from it and
@@ -12,10 +21,11 @@ Contracts (see :mod:`mortred_twisted.models.base`):
   "no label" id), and ``step``; after every step it calls ``ctx.progress(step,
   total)`` and ``ctx.check_cancelled()`` (also once before the first step), so a
   cancelled run stops within one step. Latent pipelines decode ``latents /
-  scaling_factor``. The loop lives in :mod:`.batching`: :meth:`DiffusionModel.run`
-  is a batch of one on the calling thread; with ``max_running_jobs > 1`` the server
-  steps the instance's runs together (:meth:`DiffusionModel.step_batch`, one
-  denoiser call per step for all of them, at most ``max_batch_images`` rows each).
+  scaling_factor``. The loop lives in :mod:`.batching`: ``predict`` is a batch of one
+  on the calling thread; with ``max_running_jobs > 1`` the server steps the
+  instance's runs together (:meth:`DiffusionModel.step_batch`, one denoiser call per
+  step for all of them, at most ``max_batch_images`` rows each; the SDK adapter hands
+  it to the server, ``sdk/step_batching.py``).
 * Determinism: same params (seed included), same device, dtype and thread count ->
   the same PNG bytes for a run alone; in a batch, the same images within the
   tolerance measured in docs/models/diffusion.md. The shared networks are
@@ -24,51 +34,28 @@ Contracts (see :mod:`mortred_twisted.models.base`):
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    InvalidRequest,
-    Model,
-    RunContext,
-    StepBatch,
-)
+from mortred_twisted.models.base import ModelLoadError
 from mortred_twisted.models.codec import png_base64
-from mortred_twisted.models.diffusion import schedulers
+from mortred_twisted.models.diffusion import inputs, schedulers
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, run_together
+from mortred_twisted.models.diffusion.factory import FAMILIES, load_family
+from mortred_twisted.models.diffusion.inputs import (
+    RENAMED_PARAMS,
+    SamplingPlan,
+    resolve_seed,
+)
 from mortred_twisted.models.diffusion.pipeline import LoadedPipeline
-from mortred_twisted.models.params import ParamSpec, validate_params
 from mortred_twisted.models.schemas import DIFFUSION_OUTPUT
+from mortred_twisted.sdk import Context, Input, ServedModel
 
-#: Params of the previous hand-written models -> their replacement (still accepted).
-RENAMED_PARAMS = {"timesteps": "sample_steps", "sampler": "scheduler"}
-
-
-@dataclass(frozen=True)
-class SamplingPlan:
-    """What one run does, derived from the normalised params."""
-
-    scheduler: str
-    steps: int
-    eta: float | None
-    num_images: int
-    seed: int
-    labels: list[int] | None = None
-    guidance_scale: float = 1.0
-    predicted_x0: bool = False
-
-
-def resolve_seed(params: Mapping[str, Any]) -> int:
-    """The request's seed, or a fresh random one (echoed so the run can be replayed)."""
-    seed = params.get("seed")
-    return int(seed) if seed is not None else secrets.randbelow(2**31)
+__all__ = ["RENAMED_PARAMS", "DiffusionModel", "SamplingPlan", "resolve_seed", "to_uint8"]
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -78,84 +65,106 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return pixels[..., 0] if pixels.shape[-1] == 1 else pixels
 
 
-class DiffusionModel(Model):
-    """One served diffusion model instance (owned by one worker).
+class DiffusionModel(ServedModel):
+    """A diffusion model over a diffusers pipeline (one instance per worker).
 
-    ``pipe`` is shared and read-only; ``plan`` maps normalised params to a
-    :class:`SamplingPlan`. ``max_running_jobs`` is :attr:`run_capacity` (above 1 the
-    instance has its own :class:`~.batching.DenoiseBatch`); ``max_batch_images``
-    caps the rows of one denoiser call.
+    Subclasses set :attr:`family` (a key of :data:`~.factory.FAMILIES`). After
+    :meth:`setup`: ``pipe`` is shared and read-only; ``run_capacity`` is the
+    ``max_running_jobs`` option (above 1 the instance has its own
+    :class:`~.batching.DenoiseBatch`); ``max_batch_images`` caps the rows of one
+    denoiser call.
     """
 
-    uses_images = False
+    contract = "mortred-v1"
     output_schema = DIFFUSION_OUTPUT
+    renamed_inputs = RENAMED_PARAMS
+    #: the catalog id this class serves
+    family: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        *,
-        family: str,
-        pipe: LoadedPipeline,
-        device: torch.device,
-        dtype: torch.dtype,
-        params_schema: Sequence[ParamSpec],
-        plan: Callable[[Mapping[str, Any]], SamplingPlan],
-        max_running_jobs: int = 1,
-        max_batch_images: int = 32,
-        channels_last: bool = False,
-    ) -> None:
-        self.family = family
-        self.pipe = pipe
-        self.device = device
-        self.dtype = dtype
-        self.params_schema = tuple(params_schema)
-        self._plan = plan
+    pipe: LoadedPipeline
+    device: torch.device
+    dtype: torch.dtype
+
+    def setup(self) -> None:
+        """Load the family's pipeline from the options; raises ``ModelLoadError``."""
+        if self.family not in FAMILIES:
+            raise ModelLoadError(
+                f"{type(self).__name__} names no diffusion family (family = {self.family!r}; "
+                f"one of {', '.join(FAMILIES)})"
+            )
+        loaded = load_family(self.family, self.options, self.root)
+        opts = loaded.options
+        pipe = self.pipe = loaded.pipe
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self._loaded = loaded
         self.clip = (
             bool(pipe.scheduler_config.get("clip_sample", False)) and pipe.autoencoder is None
         )
         self.prediction_type = str(pipe.scheduler_config.get("prediction_type", "epsilon"))
-        self.channels_last = channels_last
+        self.channels_last = opts.channels_last
         #: The denoiser this instance calls (the shared one, or its compiled wrapper).
         self.net: torch.nn.Module = pipe.denoiser
         #: Seconds ``torch.compile`` and its first calls took at load (None: not compiled).
         self.compile_seconds: float | None = None
         #: A fresh scheduler per run, copied from one prepared per (name, steps).
-        self.schedulers = schedulers.FreshSchedulers(pipe.scheduler_config, device)
-        self.run_capacity = max(1, max_running_jobs)
-        self.max_batch_images = max(1, max_batch_images)
+        self.schedulers = schedulers.FreshSchedulers(pipe.scheduler_config, self.device)
+        self.run_capacity = max(1, opts.max_running_jobs)
+        self.max_batch_images = max(1, opts.max_batch_images)
         self._batch = DenoiseBatch(self, self.max_batch_images) if self.run_capacity > 1 else None
+        if opts.compile:
+            self.compile_denoiser()
 
-    def validate(self, request: InferenceRequest) -> InferenceRequest:
-        raw = request.params
-        renamed: dict[str, str] = {}
-        if isinstance(raw, Mapping):
-            raw = dict(raw)
-            for old, new in RENAMED_PARAMS.items():
-                if old in raw:
-                    if new in raw:
-                        raise InvalidRequest(
-                            f"params.{old}", f"replaced by params.{new}; give only {new}"
-                        )
-                    raw[new] = raw.pop(old)
-                    renamed[f"params.{new}"] = old
-        try:
-            params = validate_params(self.params_schema, raw)
-        except InvalidRequest as exc:
-            old = renamed.get(exc.field)
-            if old is None:
-                raise
-            new = exc.field.removeprefix("params.")
-            raise InvalidRequest(f"params.{old}", f"{exc.message} ({old} is now {new})") from exc
-        chosen = params.get("scheduler")
-        if "eta" in params and chosen not in schedulers.ETA_SCHEDULERS:
-            if isinstance(raw, Mapping) and "eta" in raw:
-                raise InvalidRequest(
-                    "params.eta", f"applies only to scheduler 'ddim' (scheduler is {chosen!r})"
-                )
-            params.pop("eta")
-        return request.with_params(params)
+    @property
+    def num_classes(self) -> int | None:
+        """The pipeline's classes for a class-conditional family, else None."""
+        return self.pipe.num_classes if FAMILIES[self.family].conditional else None
+
+    def configure_inputs(self) -> Mapping[str, Input]:
+        """The params' defaults and bounds from the options and the pipeline."""
+        loaded = self._loaded
+        return inputs.configured(
+            default_scheduler=loaded.options.scheduler,
+            steps=loaded.steps,
+            trained=loaded.trained,
+            eta_default=loaded.options.eta,
+            max_images=loaded.options.max_images,
+            num_classes=self.num_classes,
+            guidance=loaded.options.guidance_scale,
+        )
+
+    def predict(
+        self,
+        ctx: Context,
+        scheduler: str = inputs.scheduler("ddim"),
+        sample_steps: int = inputs.sample_steps(1000, inputs.MAX_STEPS_OPTION),
+        eta: float = inputs.eta(0.0),
+        seed: int = inputs.SEED,
+        num_images: int = inputs.num_images(inputs.MAX_IMAGES_OPTION),
+        predicted_x0: bool = inputs.PREDICTED_X0,
+    ) -> dict[str, Any]:
+        """Sample ``num_images`` images (see the module docstring)."""
+        params = {
+            "scheduler": scheduler, "sample_steps": sample_steps, "eta": eta, "seed": seed,
+            "num_images": num_images, "predicted_x0": predicted_x0,
+        }  # fmt: skip
+        return self.sample(ctx, params)
+
+    def sample(self, ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
+        """One run alone on the calling thread (a batch of one: the bytes of a run
+        stepped alone in the server's batch); raises what ended it."""
+        (outcome,) = run_together(self, [params], [ctx], self.max_batch_images)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def step_batch(self) -> DenoiseBatch | None:
+        """The instance's batch (the same one every call), or None at capacity 1."""
+        return self._batch
 
     def plan(self, params: Mapping[str, Any]) -> SamplingPlan:
-        return self._plan(params)
+        """The run ``params`` (``predict``'s arguments, None when absent) ask for."""
+        return inputs.plan(params, self.num_classes)
 
     def row_labels(self, plan: SamplingPlan) -> tuple[torch.Tensor | None, bool]:
         """The class label of each denoiser row of a run, and whether it is guided
@@ -280,19 +289,3 @@ class DiffusionModel(Model):
                     for step, t, x0 in snapshots
                 ]
         return data
-
-    def run(self, request: InferenceRequest, ctx: RunContext) -> dict[str, Any]:
-        """One run alone on the calling thread (a batch of one; same bytes)."""
-        (outcome,) = run_together(self, [request], [ctx], self.max_batch_images)
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    def run_batch(
-        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
-    ) -> list[Any | BaseException]:
-        """Several runs stepped together to the end (the sync path's dynamic batching)."""
-        return run_together(self, list(requests), list(ctxs), self.max_batch_images)
-
-    def step_batch(self) -> StepBatch | None:
-        return self._batch

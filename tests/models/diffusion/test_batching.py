@@ -1,5 +1,9 @@
 """Step batching of diffusion runs (DenoiseBatch) over tiny random diffusers pipelines:
-mixed requests share one denoiser call per step and each image stays its own."""
+mixed requests share one denoiser call per step and each image stays its own.
+
+The built model is the SDK adapter (``SdkModel``); its ``instance`` is the family's
+``DiffusionModel`` (pipeline, schedulers, denoiser). Batches are stepped through the
+SDK's step batching (``SdkStepBatch``), as the server steps them."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from PIL import Image
 from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunCancelled, RunContext
 from mortred_twisted.models.diffusion import batching
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, SamplingDiverged
+from mortred_twisted.sdk.step_batching import SdkStepBatch
 
 FAMILIES = ["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
 #: The stated tolerance: an image alone vs in a batch, max difference per pixel (of 255).
@@ -65,11 +70,18 @@ def requests(model: Any, params: list[dict[str, Any]]) -> list[InferenceRequest]
     ]
 
 
+def fresh_batch(model: Any, max_rows: int) -> tuple[SdkStepBatch, DenoiseBatch]:
+    """A new DenoiseBatch of the model's instance behind the SDK adapter (as the
+    server joins runs to it), and the DenoiseBatch itself."""
+    inner = DenoiseBatch(model.instance, max_rows)
+    return SdkStepBatch(model, inner), inner
+
+
 def run_staggered(
     model: Any, reqs: list[InferenceRequest], ctxs: list[RunContext], join_at: list[int]
 ) -> dict[int, Any]:
     """Step a DenoiseBatch by hand; request i joins before step ``join_at[i]``."""
-    batch = DenoiseBatch(model, model.max_batch_images)
+    batch, _inner = fresh_batch(model, model.instance.max_batch_images)
     outcomes: dict[int, Any] = {}
     tick = 0
     while len(outcomes) < len(reqs):
@@ -112,7 +124,7 @@ def test_the_batch_makes_one_denoiser_call_per_step(build: Callable[..., Any], f
     if family == "CLS_COND_DDIM":
         params = [{**params[0], "guidance_scale": 2.0}, {**params[1], "guidance_scale": 1.0}]
     calls: list[int] = []
-    hook = model.pipe.denoiser.register_forward_pre_hook(
+    hook = model.instance.pipe.denoiser.register_forward_pre_hook(
         lambda _m, args: calls.append(args[0].shape[0])
     )
     try:
@@ -133,7 +145,7 @@ def test_max_batch_images_caps_the_rows_of_each_call(build: Callable[..., Any]) 
     ]
     reqs = requests(model, params)
     calls: list[int] = []
-    hook = model.pipe.denoiser.register_forward_pre_hook(
+    hook = model.instance.pipe.denoiser.register_forward_pre_hook(
         lambda _m, args: calls.append(args[0].shape[0])
     )
     try:
@@ -158,7 +170,7 @@ def test_runs_finishing_in_the_same_step_share_one_decode(build: Callable[..., A
     reqs = requests(model, params)
     alone = [model.run(r, RunContext()) for r in reqs]
     rows: list[int] = []
-    hook = model.pipe.autoencoder.decoder.register_forward_pre_hook(
+    hook = model.instance.pipe.autoencoder.decoder.register_forward_pre_hook(
         lambda _m, args: rows.append(args[0].shape[0])
     )
     try:
@@ -182,14 +194,14 @@ def test_a_failing_joint_decode_fails_only_the_run_that_fails_alone(
         model, [{"sample_steps": 2, "seed": 1}, {"sample_steps": 2, "seed": 2, "num_images": 2}]
     )
     alone = model.run(reqs[0], RunContext())
-    real_decode = model._decode
+    real_decode = model.instance._decode
 
     def decode(z: torch.Tensor) -> torch.Tensor:
         if z.shape[0] != 1:
             raise RuntimeError("decoder out of memory")
         return real_decode(z)
 
-    monkeypatch.setattr(model, "_decode", decode)
+    monkeypatch.setattr(model.instance, "_decode", decode)
     out = run_staggered(model, reqs, [RunContext(), RunContext()], [0, 0])
     assert isinstance(out[1], RuntimeError) and "out of memory" in str(out[1])
     assert max_diff(out[0], alone) <= TOLERANCE
@@ -203,13 +215,13 @@ def test_a_copied_scheduler_gives_the_bytes_of_one_built_for_the_run(
     stepped before, and their images are byte for byte those of a scheduler built
     from scratch for the run."""
     model = build("DDIM", max_running_jobs=1)
-    a = model.schedulers.fresh(scheduler, 5)
-    b = model.schedulers.fresh(scheduler, 5)
+    a = model.instance.schedulers.fresh(scheduler, 5)
+    b = model.instance.schedulers.fresh(scheduler, 5)
     assert a is not b and a.step_index is None and b.step_index is None
     assert a.timesteps.tolist() == b.timesteps.tolist() and len(a.timesteps) == 5
     req = requests(model, [{"scheduler": scheduler, "sample_steps": 5, "seed": 3}])[0]
     copied = [model.run(req, RunContext()) for _ in range(2)]
-    monkeypatch.setattr(model.schedulers, "fresh", model.schedulers._prepare)
+    monkeypatch.setattr(model.instance.schedulers, "fresh", model.instance.schedulers._prepare)
     assert copied[0] == copied[1] == model.run(req, RunContext())
 
 
@@ -311,14 +323,14 @@ def test_a_cancelled_run_leaves_at_the_next_boundary_alone(build: Callable[..., 
 def test_a_run_cancelled_before_a_step_costs_no_forward(build: Callable[..., Any]) -> None:
     """A run cancelled between two steps leaves before the next denoiser call."""
     model = build("DDIM", max_running_jobs=4)
-    batch = DenoiseBatch(model, 32)
+    batch, inner = fresh_batch(model, 32)
     ctx = RunContext()
     batch.join(1, requests(model, [{"sample_steps": 5, "seed": 1}])[0], ctx)
     batch.step()
     ctx.cancel()
     left = batch.step()
     assert [k for k, _ in left] == [1] and isinstance(left[0][1], RunCancelled)
-    assert list(batch.forward_rows) == [1]
+    assert list(inner.forward_rows) == [1]
 
 
 def failing(scheduler: Any, at: int, nan: bool) -> Any:
@@ -354,7 +366,7 @@ def test_a_run_whose_scheduler_raises_or_turns_nan_fails_alone(
         ],
     )
     alone = {i: model.run(reqs[i], RunContext()) for i in (0, 2)}
-    real_fresh = model.schedulers.fresh
+    real_fresh = model.instance.schedulers.fresh
     made: list[Any] = []
 
     def fresh(name: str, steps: int) -> Any:
@@ -362,7 +374,7 @@ def test_a_run_whose_scheduler_raises_or_turns_nan_fails_alone(
         made.append(scheduler)
         return failing(scheduler, at=2, nan=nan) if len(made) == 2 else scheduler
 
-    monkeypatch.setattr(model.schedulers, "fresh", fresh)
+    monkeypatch.setattr(model.instance.schedulers, "fresh", fresh)
     out = run_staggered(model, reqs, [RunContext() for _ in reqs], [0, 0, 0])
     assert isinstance(out[1], error)
     if nan:
@@ -376,16 +388,17 @@ def test_a_run_alone_fails_on_nan_too(
 ) -> None:
     """Model.run raises SamplingDiverged instead of returning images of NaN."""
     model = build("DDPM")
-    real_fresh = model.schedulers.fresh
+    real_fresh = model.instance.schedulers.fresh
     monkeypatch.setattr(
-        model.schedulers, "fresh", lambda n, s: failing(real_fresh(n, s), at=1, nan=True)
+        model.instance.schedulers, "fresh", lambda n, s: failing(real_fresh(n, s), at=1, nan=True)
     )
     with pytest.raises(SamplingDiverged):
         model.run(requests(model, [{"sample_steps": 3, "seed": 1}])[0], RunContext())
 
 
-def test_run_batch_steps_sync_batches_together(build: Callable[..., Any]) -> None:
-    """run_batch (the sync path's dynamic batching) returns each run's data or error."""
+def test_run_batch_gives_each_sync_run_its_own_outcome(build: Callable[..., Any]) -> None:
+    """run_batch (the sync path's dynamic batching) returns each run's data or error
+    (the SDK runs a seed model's batch run by run: its own cancel, its own bytes)."""
     model = build("DDPM")
     reqs = requests(model, [{"sample_steps": 3, "seed": 1}, {"sample_steps": 2, "seed": 2}])
     cancelled = RunContext()
@@ -398,10 +411,13 @@ def test_run_batch_steps_sync_batches_together(build: Callable[..., Any]) -> Non
 def test_capacity_is_the_model_option(build: Callable[..., Any]) -> None:
     """max_running_jobs is the instance's run capacity; 1 means no step batch."""
     batched = build("DDIM", max_running_jobs=5)
-    assert batched.run_capacity == 5 and isinstance(batched.step_batch(), DenoiseBatch)
+    own = batched.instance.step_batch()
+    assert batched.run_capacity == 5 and isinstance(own, DenoiseBatch)
     assert batched.step_batch() is batched.step_batch()
+    assert batched.step_batch()._inner is own is batched.instance.step_batch()
     single = build("DDIM", max_running_jobs=1)
     assert single.run_capacity == 1 and single.step_batch() is None
+    assert single.instance.step_batch() is None
 
 
 @pytest.mark.parametrize(
@@ -426,7 +442,7 @@ def test_channels_last_gives_the_images_of_the_default_layout(
     tolerance, alone or in a batch."""
     plain = build("CLS_COND_DDIM", channels_last=False, max_running_jobs=4)
     fast = build("CLS_COND_DDIM", channels_last=True, max_running_jobs=4)
-    assert fast.pipe.denoiser is not plain.pipe.denoiser
+    assert fast.instance.pipe.denoiser is not plain.instance.pipe.denoiser
     reqs = requests(plain, mixed("CLS_COND_DDIM")[:3])
     for a, b in zip(
         plain.run_batch(reqs, [RunContext() for _ in reqs]),
@@ -448,9 +464,9 @@ def test_compile_is_opt_in_and_paid_at_load(
         return module
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    assert build("DDIM").compile_seconds is None and compiled == []
+    assert build("DDIM").instance.compile_seconds is None and compiled == []
     model = build("DDIM", compile=True)
-    assert compiled == [{"dynamic": True}] and model.compile_seconds is not None
+    assert compiled == [{"dynamic": True}] and model.instance.compile_seconds is not None
 
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
@@ -479,7 +495,7 @@ def test_a_failing_denoiser_call_reports_the_runs_that_left_before_it(
     with RunCancelled, its mate with the call's error, and the batch is empty (before:
     the step raised and the cancelled run was reported by nobody)."""
     model = build("DDIM", max_running_jobs=4)
-    batch = DenoiseBatch(model, 32)
+    batch, _inner = fresh_batch(model, 32)
     reqs = requests(model, [{"sample_steps": 5, "seed": 1}, {"sample_steps": 5, "seed": 2}])
     cancelled = RunContext()
     batch.join(1, reqs[0], cancelled)
@@ -490,7 +506,7 @@ def test_a_failing_denoiser_call_reports_the_runs_that_left_before_it(
     def broken(*_args: Any) -> torch.Tensor:
         raise RuntimeError("CUDA out of memory")
 
-    monkeypatch.setattr(model, "denoise", broken)
+    monkeypatch.setattr(model.instance, "denoise", broken)
     left = dict(batch.step())
     assert sorted(left) == [1, 2] and batch.active == 0
     assert isinstance(left[1], RunCancelled)

@@ -32,7 +32,7 @@ def refused(root: Path, family: str = "DDPM", **overrides: Any) -> str:
 def test_pretrained_may_be_absolute(tiny_root: Path, tmp_path: Path) -> None:
     """An absolute 'pretrained' path is used as is, whatever the project root."""
     model = load(tmp_path / "elsewhere", pretrained=str(tiny_root / "weights/diffusion/ddpm"))
-    assert model.pipe.path == tiny_root / "weights/diffusion/ddpm"
+    assert model.instance.pipe.path == tiny_root / "weights/diffusion/ddpm"
 
 
 def test_missing_directory_is_named(tiny_root: Path) -> None:
@@ -159,7 +159,7 @@ def test_cuda_samples(tiny_root: Path, family: str, dtype: str) -> None:
 
 def test_workers_share_one_loaded_pipeline(tiny_root: Path) -> None:
     """Two instances over the same directory share the same denoiser object."""
-    assert load(tiny_root).pipe.denoiser is load(tiny_root, "DDIM").pipe.denoiser
+    assert load(tiny_root).instance.pipe.denoiser is load(tiny_root, "DDIM").instance.pipe.denoiser
 
 
 def test_manifest_cli_writes_a_manifest(tiny_root: Path, capsys: pytest.CaptureFixture) -> None:
@@ -174,7 +174,7 @@ def test_manifest_cli_writes_a_manifest(tiny_root: Path, capsys: pytest.CaptureF
         "unet/config.json",
         WEIGHTS,
     }
-    assert load(tiny_root).pipe.path == folder
+    assert load(tiny_root).instance.pipe.path == folder
     assert manifest_mod.main([str(tiny_root)]) == 1
     assert "not a diffusers pipeline directory" in capsys.readouterr().out
 

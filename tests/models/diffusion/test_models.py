@@ -186,7 +186,7 @@ def test_guidance_is_one_batched_forward_of_2b(
     """Guided steps run the denoiser once on 2B inputs (B cond + B "no label"), else on B."""
     model = build("CLS_COND_DDIM")
     calls: list[tuple[int, list[int]]] = []
-    net = model.pipe.denoiser
+    net = model.instance.pipe.denoiser
     hook = net.register_forward_pre_hook(
         lambda _m, args, kwargs: calls.append((args[0].shape[0], kwargs["class_labels"].tolist())),
         with_kwargs=True,
