@@ -3,7 +3,9 @@
 The server TOML's ``[model] type`` picks an entry here. Entries are ``module:attr``
 strings so that importing the registry (and scanning twistd plugins) never imports
 torch; the module is imported only when a server actually builds that model.
-The attribute is a factory ``create(options: Mapping[str, Any], root: Path) -> Model``.
+The attribute is a :class:`~mortred_twisted.sdk.ServedModel` class (a family declared
+with the SDK, built by :func:`~mortred_twisted.sdk.loading.build_sdk_model`) or a
+factory ``create(options: Mapping[str, Any], root: Path) -> Model``.
 """
 
 from __future__ import annotations
@@ -18,17 +20,21 @@ from mortred_twisted.models.input_limits import split_input_limits, takes_input_
 
 MODEL_FACTORIES: Mapping[str, str] = {
     "fake": "mortred_twisted.models.fake:FakeModel",
-    "DDPM": "mortred_twisted.models.diffusion.ddpm:DdpmModel",
-    "DDIM": "mortred_twisted.models.diffusion.ddim:DdimModel",
-    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:ClsCondDdimModel",
-    "LDM": "mortred_twisted.models.diffusion.ldm:LdmModel",
+    "DDPM": "mortred_twisted.models.diffusion.ddpm:create",
+    "DDIM": "mortred_twisted.models.diffusion.ddim:create",
+    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:create",
+    "LDM": "mortred_twisted.models.diffusion.ldm:create",
     # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
     # as a type and builds the same transformers image classifier.
-    "MOBILENETV2": "mortred_twisted.models.classification.image_classification:create",
-    "IMAGE_CLASSIFICATION": "mortred_twisted.models.classification.image_classification:create",
-    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:create",
-    "YOLOV8": "mortred_twisted.models.detection.yolov8:create",
-    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:create",
+    "MOBILENETV2": (
+        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+    ),
+    "IMAGE_CLASSIFICATION": (
+        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+    ),
+    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
+    "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
+    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
     "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
 }

@@ -84,7 +84,7 @@ def evaluate(model: ImageClassificationModel) -> dict[str, float]:
 
 def evaluate_directory(directory: Path) -> dict[str, float]:
     """:func:`evaluate` of the verified checkpoint directory ``directory``."""
-    return evaluate(create({"pretrained": str(directory)}, ROOT))
+    return evaluate(create({"pretrained": str(directory)}, ROOT).instance)
 
 
 def main() -> None:
@@ -92,7 +92,8 @@ def main() -> None:
     parser.add_argument("--pretrained", default="weights/perception/mobilenetv2")
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    print(json.dumps(evaluate(create({"pretrained": args.pretrained}, ROOT)), indent=2))
+    model = create({"pretrained": args.pretrained}, ROOT).instance  # the served family
+    print(json.dumps(evaluate(model), indent=2))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def evaluate(model: ObjectDetectionModel, n_scenes: int = 500) -> dict[str, floa
 
 def evaluate_directory(directory: Path, n_scenes: int = 500) -> dict[str, float]:
     """:func:`evaluate` of the verified checkpoint directory ``directory``."""
-    return evaluate(create({"pretrained": str(directory)}, ROOT), n_scenes)
+    return evaluate(create({"pretrained": str(directory)}, ROOT).instance, n_scenes)
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--pretrained", default="weights/perception/rtdetr")
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    model = create({"pretrained": args.pretrained}, ROOT)
+    model = create({"pretrained": args.pretrained}, ROOT).instance  # the served family
     print(json.dumps(evaluate(model, args.val_scenes), indent=2))
 
 

@@ -107,7 +107,7 @@ def evaluate(
 def evaluate_directory(directory: Path, n_scenes: int = 100) -> dict[str, float]:
     """:func:`evaluate` of the verified directory with the shipped generator settings."""
     options = shipped_amg_options()
-    model = create({**options, "pretrained": str(directory)}, ROOT)
+    model = create({**options, "pretrained": str(directory)}, ROOT).instance
     return evaluate(model.generator.prompter, n_scenes, options)
 
 
@@ -145,7 +145,7 @@ def main() -> None:
         if args.pretrained
         else {"pretrained": shipped.get("pretrained", DEFAULT_PRETRAINED)}
     )
-    model = create({**options, **source}, ROOT)
+    model = create({**options, **source}, ROOT).instance  # the served family
     figures = evaluate(model.generator.prompter, args.val_scenes, options)
     print(json.dumps(figures, indent=2))
     if args.record:

@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--val-scenes", type=int, default=500)
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    model = create({}, ROOT)
+    model = create({}, ROOT).instance  # the served family
     print(json.dumps(evaluate(model.net, args.val_scenes), indent=2))
 
 

@@ -39,7 +39,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     setup(args.seed, args.threads)
-    model = create({"pretrained": args.pretrained}, ROOT)
+    model = create({"pretrained": args.pretrained}, ROOT).instance  # the served family
     open_config = AmgConfig(
         points_per_side=args.points_per_side,
         pred_iou_thresh=-1.0,

@@ -4,7 +4,7 @@ The model is a transformers checkpoint directory (``pretrained`` in the model co
 verified by :mod:`mortred_twisted.models.classification.pretrained`), loaded with
 ``AutoModelForImageClassification`` and ``AutoImageProcessor`` from local files only.
 ``MOBILENETV2`` is the catalog id of the shipped digit classifier and is accepted as a
-model type too (same factory).
+model type too (same class).
 
 Input: each request carries one or more images (PNG/JPEG, any size, colour or grey),
 decoded to RGB and preprocessed by the checkpoint's own image processor (its
@@ -14,9 +14,11 @@ request with one image is ``{"class_id": int, "category": str, "scores": [float,
 with several images it is ``{"results": [that object, ...]}`` in image order. The
 ``top_k`` param adds ``"top_k": [{"class_id", "category", "score"}, ...]``.
 
-Dynamic batching: :meth:`ImageClassificationModel.run_batch` decodes every request's
-images, runs *one* forward pass over all the good ones and returns, per request, its
-result or the exception that request alone raised.
+Declared with the SDK (:class:`ImageClassificationModel`, the seed's ``"mortred-v1"``
+contract: the params, 422 messages and ``data`` of the seed). Dynamic batching:
+:meth:`ImageClassificationModel.predict_batch` decodes every request's images, runs
+*one* forward pass over all the good ones and returns, per request, its result or
+the exception that request alone raised.
 """
 
 from __future__ import annotations
@@ -27,15 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image as PILImage
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    InputDecodeError,
-    Model,
-    ModelLoadError,
-    RunContext,
-)
+from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.pretrained import (
     load_processor,
     quiet_transformers,
@@ -43,11 +39,12 @@ from mortred_twisted.models.classification.pretrained import (
 )
 from mortred_twisted.models.classification.weights import resolve_device
 from mortred_twisted.models.codec import decode_image
-from mortred_twisted.models.params import ParamSpec
 from mortred_twisted.models.schemas import CLASSIFICATION_OUTPUT
+from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "IMAGE_CLASSIFICATION"
 DEFAULT_PRETRAINED = "weights/perception/mobilenetv2"
+OPTIONS = ("pretrained", "device")
 
 
 def class_names(config: Any) -> list[str]:
@@ -61,38 +58,45 @@ def class_names(config: Any) -> list[str]:
     return [id2label[i] for i in range(len(id2label))]
 
 
-class ImageClassificationModel(Model):
-    """One worker's classifier instance (the network and processor are shared, read-only)."""
+def decode_pictures(images: Sequence[Image]) -> list[PILImage.Image]:
+    """A request's images as RGB pictures (worker thread); InputDecodeError for none
+    or for one that does not decode."""
+    if not images:
+        raise InputDecodeError("no image in request")
+    return [PILImage.fromarray(decode_image(image.read())) for image in images]
 
+
+class ImageClassificationModel(ServedModel):
+    """Classifies each picture with a transformers image classifier (softmax scores,
+    the top class and its label; optionally the top_k classes)."""
+
+    contract = "mortred-v1"
     output_schema = CLASSIFICATION_OUTPUT
 
-    params_schema: Sequence[ParamSpec] = (
-        ParamSpec(
-            "top_k",
-            int,
-            default=None,
-            minimum=1,
-            maximum=1000,
-            description="if set, also return the top_k classes as 'top_k'",
-        ),
-    )
+    net: torch.nn.Module
+    processor: Any
+    class_names: list[str]
+    device: torch.device
 
-    def __init__(
-        self, net: torch.nn.Module, processor: Any, names: Sequence[str], device: torch.device
-    ) -> None:
-        self.net = net
-        self.processor = processor
+    def setup(self) -> None:
+        """Load the verified ``pretrained`` directory (workers of one process share the
+        network and processor, read-only). Options: ``pretrained`` (relative to the
+        root; default the shipped digit classifier), ``device`` (``cpu`` or
+        ``cuda[:N]``). Raises :class:`ModelLoadError`."""
+        options = self.options
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise ModelLoadError(
+                f"unknown model option(s) {sorted(unknown)}; known: pretrained, device"
+            )
+        directory = verified_directory(options, self.root, DEFAULT_PRETRAINED, MODEL_TYPE)
+        self.device = resolve_device(options.get("device", "cpu"))
+        self.net, self.processor, names = load(directory, self.device)
         self.class_names = list(names)
-        self.device = device
 
-    def pixel_values(self, pictures: Sequence[Image.Image]) -> torch.Tensor:
+    def pixel_values(self, pictures: Sequence[PILImage.Image]) -> torch.Tensor:
         """The processor's ``pixel_values`` ``(N, C, H, W)`` for RGB pictures."""
         return self.processor(images=list(pictures), return_tensors="pt")["pixel_values"]
-
-    def _tensor(self, request: InferenceRequest) -> torch.Tensor:
-        if not request.images:
-            raise InputDecodeError("no image in request")
-        return self.pixel_values([Image.fromarray(decode_image(img)) for img in request.images])
 
     @torch.inference_mode()
     def probabilities(self, pixel_values: torch.Tensor) -> np.ndarray:
@@ -100,14 +104,13 @@ class ImageClassificationModel(Model):
         logits = self.net(pixel_values=pixel_values.to(self.device)).logits
         return torch.softmax(logits.float(), dim=1).cpu().numpy()
 
-    def _format(self, scores: np.ndarray, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _format(self, scores: np.ndarray, top_k: int | None) -> dict[str, Any]:
         class_id = int(np.argmax(scores))
         out: dict[str, Any] = {
             "class_id": class_id,
             "category": self.class_names[class_id],
             "scores": [round(float(s), 6) for s in scores],
         }
-        top_k = params.get("top_k")
         if top_k:
             order = np.argsort(-scores, kind="stable")[:top_k]
             out["top_k"] = [
@@ -116,44 +119,49 @@ class ImageClassificationModel(Model):
             ]
         return out
 
-    def _data(self, request: InferenceRequest, scores: np.ndarray) -> dict[str, Any]:
-        items = [self._format(s, request.params) for s in scores]
+    def _data(self, scores: np.ndarray, top_k: int | None) -> dict[str, Any]:
+        items = [self._format(s, top_k) for s in scores]
         return items[0] if len(items) == 1 else {"results": items}
 
-    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+    def predict(
+        self,
+        ctx: Context,
+        images: list[Image] = Input(description="PNG/JPEG pictures, any size"),
+        top_k: int = Input(
+            None, ge=1, le=1000, description="if set, also return the top_k classes as 'top_k'"
+        ),
+    ) -> dict[str, Any]:
         """Classify the request's images (one forward pass)."""
         ctx.check_cancelled()
-        scores = self.probabilities(self._tensor(request))
+        scores = self.probabilities(self.pixel_values(decode_pictures(images)))
         ctx.progress(1, 1)
-        return self._data(request, scores)
+        return self._data(scores, top_k)
 
-    def run_batch(
-        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
-    ) -> list[Any | BaseException]:
+    def predict_batch(self, ctx: Context, items: list[dict[str, Any]]) -> list[Any]:
         """Decode each request alone, classify all good pictures in one forward pass."""
         prepared: list[torch.Tensor | BaseException] = []
-        for request in requests:
+        for item in items:
             try:
-                prepared.append(self._tensor(request))
+                prepared.append(self.pixel_values(decode_pictures(item["images"])))
             except Exception as exc:
                 prepared.append(exc)
         good = [p for p in prepared if isinstance(p, torch.Tensor)]
         if not good:
-            return list(prepared)  # type: ignore[arg-type]
+            return list(prepared)
         try:
             scores = self.probabilities(torch.cat(good))
         except Exception as exc:
             return [exc if isinstance(p, torch.Tensor) else p for p in prepared]
-        out: list[Any | BaseException] = []
+        out: list[Any] = []
         offset = 0
-        for request, ctx, item in zip(requests, ctxs, prepared, strict=True):
-            if isinstance(item, BaseException):
-                out.append(item)
+        for item, part in zip(items, prepared, strict=True):
+            if isinstance(part, BaseException):
+                out.append(part)
                 continue
-            n = item.shape[0]
-            out.append(self._data(request, scores[offset : offset + n]))
+            n = part.shape[0]
+            out.append(self._data(scores[offset : offset + n], item.get("top_k")))
             offset += n
-            ctx.progress(1, 1)
+        ctx.progress(1, 1)
         return out
 
 
@@ -181,18 +189,10 @@ def load(directory: Path, device: torch.device) -> tuple[torch.nn.Module, Any, l
     return _SHARED[key]
 
 
-def create(options: Mapping[str, Any], root: Path) -> ImageClassificationModel:
-    """Build a classifier from the verified ``pretrained`` directory; see the module doc.
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """One classifier set up and served through the SDK (no input limits: the
+    registry's ``create_model`` sets the configured ones; the instance is the
+    returned model's ``.instance``). Raises :class:`ModelLoadError`."""
+    from mortred_twisted.sdk.loading import build_sdk_model
 
-    Options: ``pretrained`` (directory, relative to ``root``; default the shipped digit
-    classifier), ``device`` (``cpu`` or ``cuda[:N]``). Raises :class:`ModelLoadError`.
-    """
-    unknown = set(options) - {"pretrained", "device"}
-    if unknown:
-        raise ModelLoadError(
-            f"unknown model option(s) {sorted(unknown)}; known: pretrained, device"
-        )
-    directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
-    device = resolve_device(options.get("device", "cpu"))
-    net, processor, names = load(directory, device)
-    return ImageClassificationModel(net, processor, names, device)
+    return build_sdk_model(ImageClassificationModel, options, root)

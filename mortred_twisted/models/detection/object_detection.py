@@ -19,8 +19,11 @@ processor makes them). Postprocessing:
 Output: the schema of YOLOV8 — per image a list of ``{"class_id", "score",
 "category", "bbox": [x1, y1, x2, y2]}`` sorted by decreasing score, ``category`` from
 the config's ``id2label``; several images give ``{"results": [list, ...]}``. ``params``
-may override the three thresholds per request. ``run_batch`` runs one forward pass
-over all requests' pictures and isolates per-request failures.
+may override the three thresholds per request.
+
+Declared with the SDK (:class:`ObjectDetectionModel`, the seed's ``"mortred-v1"``
+contract, the params of YOLOV8); ``predict_batch`` runs one forward pass over all
+requests' pictures and isolates per-request failures.
 """
 
 from __future__ import annotations
@@ -30,26 +33,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
+from PIL import Image as PILImage
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    InputDecodeError,
-    Model,
-    ModelLoadError,
-    RunContext,
-)
+from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.image_classification import class_names
 from mortred_twisted.models.classification.pretrained import (
     load_processor,
     quiet_transformers,
     verified_directory,
 )
-from mortred_twisted.models.classification.weights import option, resolve_device
+from mortred_twisted.models.classification.weights import resolve_device
 from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.detection.yolov8 import YoloV8Model
+from mortred_twisted.models.detection.yolov8 import (
+    IMAGES,
+    KEEP_TOP_K,
+    NMS_THRESHOLD,
+    SCORE_THRESHOLD,
+    detection_records,
+    settings_of,
+    threshold_options,
+)
 from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.sdk import Context, Image, ServedModel
 
 MODEL_TYPE = "OBJECT_DETECTION"
 DEFAULT_PRETRAINED = "weights/perception/rtdetr"
@@ -65,41 +71,47 @@ OPTIONS = (
 Detections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class ObjectDetectionModel(Model):
-    """One worker's detector instance (network and processor shared, read-only)."""
+class ObjectDetectionModel(ServedModel):
+    """Detects objects with a transformers detector (RT-DETR, DETR, YOLOS, …)."""
 
+    contract = "mortred-v1"
     output_schema = DETECTION_OUTPUT
-    params_schema = YoloV8Model.params_schema
 
-    def __init__(
-        self,
-        net: torch.nn.Module,
-        processor: Any,
-        names: Sequence[str],
-        device: torch.device,
-        score_threshold: float,
-        nms_threshold: float,
-        keep_top_k: int,
-    ) -> None:
-        self.net = net
-        self.processor = processor
+    net: torch.nn.Module
+    processor: Any
+    class_names: list[str]
+    device: torch.device
+    defaults: dict[str, Any]
+
+    def setup(self) -> None:
+        """Load the verified ``pretrained`` directory (network and processor shared by
+        the workers of one process, read-only). Options: ``pretrained`` (relative to
+        the root), ``device``, ``model_score_threshold`` (0.25),
+        ``model_nms_threshold`` (0.45), ``model_keep_top_k`` (100). Raises
+        :class:`ModelLoadError`."""
+        options = self.options
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise ModelLoadError(
+                f"unknown model option(s) {sorted(unknown)}; known: {list(OPTIONS)}"
+            )
+        self.defaults = threshold_options(options)
+        directory = verified_directory(options, self.root, DEFAULT_PRETRAINED, MODEL_TYPE)
+        self.device = resolve_device(options.get("device", "cpu"))
+        self.net, self.processor, names = load(directory, self.device)
         self.class_names = list(names)
-        self.device = device
-        self.defaults = {
-            "model_score_threshold": score_threshold,
-            "model_nms_threshold": nms_threshold,
-            "model_keep_top_k": keep_top_k,
-        }
 
-    def _pictures(self, request: InferenceRequest) -> list[Image.Image]:
-        if not request.images:
+    @staticmethod
+    def pictures(images: Sequence[Image]) -> list[PILImage.Image]:
+        """A request's images decoded to RGB (InputDecodeError for none or a bad one)."""
+        if not images:
             raise InputDecodeError("no image in request")
-        return [Image.fromarray(decode_image(img)) for img in request.images]
+        return [PILImage.fromarray(decode_image(image.read())) for image in images]
 
     @torch.inference_mode()
     def detect(
         self,
-        pictures: Sequence[Image.Image],
+        pictures: Sequence[PILImage.Image],
         score_threshold: float,
         nms_threshold: float,
         keep_top_k: int,
@@ -115,7 +127,7 @@ class ObjectDetectionModel(Model):
         )
 
     @torch.inference_mode()
-    def forward(self, pictures: Sequence[Image.Image]) -> Any:
+    def forward(self, pictures: Sequence[PILImage.Image]) -> Any:
         """The network's raw outputs for RGB pictures (one forward pass)."""
         inputs = self.processor(images=list(pictures), return_tensors="pt")
         kwargs = {"pixel_values": inputs["pixel_values"].to(self.device)}
@@ -150,72 +162,63 @@ class ObjectDetectionModel(Model):
             out.append((boxes, scores[kept], labels[kept]))
         return out
 
-    def _format(self, detections: Detections) -> list[dict[str, Any]]:
-        boxes, scores, labels = detections
-        return [
-            {
-                "class_id": int(c),
-                "score": round(float(s), 6),
-                "category": self.class_names[int(c)],
-                "bbox": [round(float(v), 2) for v in b],
-            }
-            for b, s, c in zip(boxes, scores, labels, strict=True)
-        ]
-
-    def _settings(self, params: Mapping[str, Any]) -> tuple[float, float, int]:
-        cfg = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
-        return (
-            cfg["model_score_threshold"],
-            cfg["model_nms_threshold"],
-            cfg["model_keep_top_k"],
-        )
-
-    def _data(self, request: InferenceRequest, outputs: Any, sizes: list[tuple[int, int]]) -> Any:
+    def _data(self, outputs: Any, pictures: list[PILImage.Image], given: Mapping[str, Any]) -> Any:
+        sizes = [(p.height, p.width) for p in pictures]
+        settings = settings_of(self.defaults, given)
         items = [
-            self._format(d)
-            for d in self.postprocess(outputs, sizes, *self._settings(request.params))
+            detection_records(*d, self.class_names)
+            for d in self.postprocess(outputs, sizes, *settings)
         ]
         return items[0] if len(items) == 1 else {"results": items}
 
-    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+    def predict(
+        self,
+        ctx: Context,
+        images: list[Image] = IMAGES,
+        model_score_threshold: float = SCORE_THRESHOLD,
+        model_nms_threshold: float = NMS_THRESHOLD,
+        model_keep_top_k: int = KEEP_TOP_K,
+    ) -> Any:
         """Detect objects in the request's images (one forward pass)."""
         ctx.check_cancelled()
-        pictures = self._pictures(request)
+        pictures = self.pictures(images)
         outputs = self.forward(pictures)
         ctx.progress(1, 1)
-        return self._data(request, outputs, [(p.height, p.width) for p in pictures])
+        given = {
+            "model_score_threshold": model_score_threshold,
+            "model_nms_threshold": model_nms_threshold,
+            "model_keep_top_k": model_keep_top_k,
+        }
+        return self._data(outputs, pictures, given)
 
-    def run_batch(
-        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
-    ) -> list[Any | BaseException]:
+    def predict_batch(self, ctx: Context, items: list[dict[str, Any]]) -> list[Any]:
         """Decode each request alone; one forward pass over all the good pictures."""
-        prepared: list[list[Image.Image] | BaseException] = []
-        for request in requests:
+        prepared: list[list[PILImage.Image] | BaseException] = []
+        for item in items:
             try:
-                prepared.append(self._pictures(request))
+                prepared.append(self.pictures(item["images"]))
             except Exception as exc:
                 prepared.append(exc)
         good = [pic for p in prepared if isinstance(p, list) for pic in p]
         if not good:
-            return list(prepared)  # type: ignore[arg-type]
+            return list(prepared)
         try:
             outputs = self.forward(good)
         except Exception as exc:
             return [p if isinstance(p, BaseException) else exc for p in prepared]
-        out: list[Any | BaseException] = []
+        out: list[Any] = []
         offset = 0
-        for request, ctx, item in zip(requests, ctxs, prepared, strict=True):
-            if isinstance(item, BaseException):
-                out.append(item)
+        for item, part in zip(items, prepared, strict=True):
+            if isinstance(part, BaseException):
+                out.append(part)
                 continue
-            n = len(item)
+            n = len(part)
             try:
-                part = _slice_outputs(outputs, offset, offset + n)
-                out.append(self._data(request, part, [(p.height, p.width) for p in item]))
+                out.append(self._data(_slice_outputs(outputs, offset, offset + n), part, item))
             except Exception as exc:
                 out.append(exc)
             offset += n
-            ctx.progress(1, 1)
+        ctx.progress(1, 1)
         return out
 
 
@@ -250,22 +253,10 @@ def load(directory: Path, device: torch.device) -> tuple[torch.nn.Module, Any, l
     return _SHARED[key]
 
 
-def create(options: Mapping[str, Any], root: Path) -> ObjectDetectionModel:
-    """Build a detector from the verified ``pretrained`` directory; see the module doc.
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """One detector set up and served through the SDK (no input limits: the registry's
+    ``create_model`` sets the configured ones; the instance is the returned model's
+    ``.instance``). Raises :class:`ModelLoadError`."""
+    from mortred_twisted.sdk.loading import build_sdk_model
 
-    Options: ``pretrained`` (directory, relative to ``root``), ``device``,
-    ``model_score_threshold`` (0.25), ``model_nms_threshold`` (0.45),
-    ``model_keep_top_k`` (100). Raises :class:`ModelLoadError`.
-    """
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise ModelLoadError(f"unknown model option(s) {sorted(unknown)}; known: {list(OPTIONS)}")
-    score = option(options, "model_score_threshold", 0.25, float)
-    nms_t = option(options, "model_nms_threshold", 0.45, float)
-    top_k = option(options, "model_keep_top_k", 100, int)
-    if not (0.0 <= score <= 1.0 and 0.0 <= nms_t <= 1.0 and top_k >= 1):
-        raise ModelLoadError("thresholds must lie in [0, 1] and model_keep_top_k >= 1")
-    directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
-    device = resolve_device(options.get("device", "cpu"))
-    net, processor, names = load(directory, device)
-    return ObjectDetectionModel(net, processor, names, device, score, nms_t, top_k)
+    return build_sdk_model(ObjectDetectionModel, options, root)

@@ -13,8 +13,11 @@ Input: PNG/JPEG images of any size (RGB). Each picture is letterboxed: scaled by
 Output ``data`` for one image: a list of ``{"class_id", "score", "category",
 "bbox": [x1, y1, x2, y2]}`` sorted by decreasing score; several images give
 ``{"results": [list, ...]}``. ``params`` may override the three thresholds per
-request. ``run_batch`` runs one forward pass over all requests' pictures and isolates
-per-request failures.
+request (absent: the model config's value).
+
+Declared with the SDK (:class:`YoloV8Model`, the seed's ``"mortred-v1"`` contract:
+the params, 422 messages and ``data`` of the seed); ``predict_batch`` runs one
+forward pass over all requests' pictures and isolates per-request failures.
 """
 
 from __future__ import annotations
@@ -25,15 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image as PILImage
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    InputDecodeError,
-    Model,
-    ModelLoadError,
-    RunContext,
-)
+from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.weights import (
     load_state,
     load_verified_checkpoint,
@@ -45,12 +42,13 @@ from mortred_twisted.models.classification.weights import (
 from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.detection.network import YoloV8, decode
 from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.params import ParamSpec
 from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "YOLOV8"
 DEFAULT_WEIGHTS = "weights/perception/yolov8_shapes.pt"
 DEFAULT_CLASS_NAMES = "conf/model/object_detection/shapes_class_names.txt"
+
 PAD_VALUE = 114
 
 
@@ -63,7 +61,7 @@ def letterbox(rgb: np.ndarray, size: int) -> tuple[np.ndarray, float]:
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
     out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
     if (nw, nh) != (w, h):
-        rgb = np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.BILINEAR))
+        rgb = np.asarray(PILImage.fromarray(rgb).resize((nw, nh), PILImage.BILINEAR))
     out[:nh, :nw] = rgb
     return out, scale
 
@@ -93,68 +91,107 @@ def postprocess(
     return boxes[kept], scores[kept], class_ids[kept]
 
 
-class YoloV8Model(Model):
-    """One worker's detector instance (the network may be shared, read-only)."""
+# The detectors' params (YOLOV8 and OBJECT_DETECTION declare the same three): absent
+# unless given, the model config's threshold then applies.
+IMAGES = Input(description="PNG/JPEG pictures, any size")
+SCORE_THRESHOLD = Input(
+    None, ge=0.0, le=1.0, description="minimum class score (default from the config)"
+)
+NMS_THRESHOLD = Input(
+    None, ge=0.0, le=1.0, description="IoU above which a lower-scoring box is suppressed"
+)
+KEEP_TOP_K = Input(None, ge=1, le=10000, description="maximum detections returned per image")
+SETTINGS = ("model_score_threshold", "model_nms_threshold", "model_keep_top_k")
 
+
+def threshold_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The three thresholds' config values (C++ key names; 0.25, 0.45, 100 when
+    absent), checked; raises ModelLoadError."""
+    score = option(options, "model_score_threshold", 0.25, float)
+    nms_t = option(options, "model_nms_threshold", 0.45, float)
+    top_k = option(options, "model_keep_top_k", 100, int)
+    if not (0.0 <= score <= 1.0 and 0.0 <= nms_t <= 1.0 and top_k >= 1):
+        raise ModelLoadError("thresholds must lie in [0, 1] and model_keep_top_k >= 1")
+    return dict(zip(SETTINGS, (score, nms_t, top_k), strict=True))
+
+
+def settings_of(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(score, nms, top_k) for one request: the given params over the config's."""
+    cfg = {**defaults, **{k: v for k, v in given.items() if k in SETTINGS and v is not None}}
+    return tuple(cfg[k] for k in SETTINGS)
+
+
+def detection_records(
+    boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, names: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One picture's kept detections as the envelope's records (rounded as the seed)."""
+    return [
+        {
+            "class_id": int(c),
+            "score": round(float(s), 6),
+            "category": names[int(c)],
+            "bbox": [round(float(v), 2) for v in b],
+        }
+        for b, s, c in zip(boxes, scores, labels, strict=True)
+    ]
+
+
+Prepared = tuple[np.ndarray, list[tuple[int, int, float]]]
+
+
+class YoloV8Model(ServedModel):
+    """Detects shapes (circle, rectangle, triangle) with a small YOLOv8-style network."""
+
+    contract = "mortred-v1"
     output_schema = DETECTION_OUTPUT
 
-    params_schema: Sequence[ParamSpec] = (
-        ParamSpec(
-            "model_score_threshold",
-            float,
-            minimum=0.0,
-            maximum=1.0,
-            description="minimum class score (default from the config)",
-        ),
-        ParamSpec(
-            "model_nms_threshold",
-            float,
-            minimum=0.0,
-            maximum=1.0,
-            description="IoU above which a lower-scoring box is suppressed",
-        ),
-        ParamSpec(
-            "model_keep_top_k",
-            int,
-            minimum=1,
-            maximum=10000,
-            description="maximum detections returned per image",
-        ),
-    )
+    net: YoloV8
+    class_names: list[str]
+    device: torch.device
+    defaults: dict[str, Any]
 
-    def __init__(
-        self,
-        net: YoloV8,
-        class_names: Sequence[str],
-        device: torch.device,
-        score_threshold: float,
-        nms_threshold: float,
-        keep_top_k: int,
-    ) -> None:
-        self.net = net
-        self.class_names = list(class_names)
-        self.device = device
-        self.defaults = {
-            "model_score_threshold": score_threshold,
-            "model_nms_threshold": nms_threshold,
-            "model_keep_top_k": keep_top_k,
-        }
+    def setup(self) -> None:
+        """Load verified weights and class names; thresholds from the C++ config keys.
 
-    def _prepare(
-        self, request: InferenceRequest
-    ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
-        if not request.images:
+        Options: ``model_weights_path``, ``model_class_names_path``, ``device``,
+        ``model_score_threshold`` (0.25), ``model_nms_threshold`` (0.45),
+        ``model_keep_top_k`` (100). Workers of one process share the network.
+        Raises :class:`ModelLoadError`.
+        """
+        options, root = self.options, self.root
+        weights = resolve_path(
+            root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
+        )
+        names_path = resolve_path(
+            root,
+            option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
+            "model_class_names_path",
+        )
+        self.device = resolve_device(options.get("device", "cpu"))
+        self.defaults = threshold_options(options)
+        key = (str(weights), str(self.device))
+        if key not in _SHARED:
+            checkpoint = load_verified_checkpoint(weights, MODEL_TYPE)
+            net = build_network(checkpoint["arch"])
+            load_state(net, checkpoint, weights)
+            _SHARED[key] = (net.to(self.device), read_class_names(names_path, net.num_classes))
+        self.net, names = _SHARED[key]
+        self.class_names = list(names)
+
+    def prepare(self, images: Sequence[Image]) -> Prepared:
+        """Letterboxed pictures ``(N, S, S, 3)`` and per picture (width, height, scale)."""
+        if not images:
             raise InputDecodeError("no image in request")
         pics, metas = [], []
-        for data in request.images:
-            rgb = decode_image(data)
+        for image in images:
+            rgb = decode_image(image.read())
             pic, scale = letterbox(rgb, self.net.input_size)
             pics.append(pic)
             metas.append((rgb.shape[1], rgb.shape[0], scale))
         return np.stack(pics), metas
 
     @torch.inference_mode()
-    def predict(self, batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded ``(N, A, 4)`` boxes (network pixels) and ``(N, A, C)`` probabilities."""
         boxes, probs = decode(self.net, self.net(to_tensor(batch).to(self.device)))
         return boxes.float().cpu(), probs.float().cpu()
@@ -164,85 +201,77 @@ class YoloV8Model(Model):
         boxes: torch.Tensor,
         probs: torch.Tensor,
         meta: tuple[int, int, float],
-        params: Mapping[str, Any],
+        settings: tuple[Any, ...],
     ) -> list[dict[str, Any]]:
-        cfg = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
-        kb, ks, kc = postprocess(
-            boxes,
-            probs,
-            cfg["model_score_threshold"],
-            cfg["model_nms_threshold"],
-            cfg["model_keep_top_k"],
-        )
+        kb, ks, kc = postprocess(boxes, probs, *settings)
         width, height, scale = meta
         kb = kb / scale
         kb[:, 0::2] = kb[:, 0::2].clamp(0, width)
         kb[:, 1::2] = kb[:, 1::2].clamp(0, height)
-        return [
-            {
-                "class_id": int(c),
-                "score": round(float(s), 6),
-                "category": self.class_names[int(c)],
-                "bbox": [round(float(v), 2) for v in b],
-            }
-            for b, s, c in zip(kb, ks, kc, strict=True)
-        ]
+        return detection_records(kb, ks, kc, self.class_names)
 
     def _data(
         self,
-        request: InferenceRequest,
         boxes: torch.Tensor,
         probs: torch.Tensor,
         metas: list[tuple[int, int, float]],
+        given: Mapping[str, Any],
     ) -> Any:
+        settings = settings_of(self.defaults, given)
         items = [
-            self._detections(boxes[i], probs[i], meta, request.params)
-            for i, meta in enumerate(metas)
+            self._detections(boxes[i], probs[i], meta, settings) for i, meta in enumerate(metas)
         ]
         return items[0] if len(items) == 1 else {"results": items}
 
-    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+    def predict(
+        self,
+        ctx: Context,
+        images: list[Image] = IMAGES,
+        model_score_threshold: float = SCORE_THRESHOLD,
+        model_nms_threshold: float = NMS_THRESHOLD,
+        model_keep_top_k: int = KEEP_TOP_K,
+    ) -> Any:
         """Detect shapes in the request's images (one forward pass)."""
         ctx.check_cancelled()
-        batch, metas = self._prepare(request)
-        boxes, probs = self.predict(batch)
+        batch, metas = self.prepare(images)
+        boxes, probs = self.forward(batch)
         ctx.progress(1, 1)
-        return self._data(request, boxes, probs, metas)
+        given = {
+            "model_score_threshold": model_score_threshold,
+            "model_nms_threshold": model_nms_threshold,
+            "model_keep_top_k": model_keep_top_k,
+        }
+        return self._data(boxes, probs, metas, given)
 
-    def run_batch(
-        self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
-    ) -> list[Any | BaseException]:
+    def predict_batch(self, ctx: Context, items: list[dict[str, Any]]) -> list[Any]:
         """Decode each request alone; one forward pass over all the good pictures."""
-        prepared: list[Any] = []
-        for request in requests:
+        prepared: list[Prepared | BaseException] = []
+        for item in items:
             try:
-                prepared.append(self._prepare(request))
+                prepared.append(self.prepare(item["images"]))
             except Exception as exc:
                 prepared.append(exc)
         good = [p[0] for p in prepared if not isinstance(p, BaseException)]
         if not good:
-            return prepared
+            return list(prepared)
         try:
-            boxes, probs = self.predict(np.concatenate(good))
+            boxes, probs = self.forward(np.concatenate(good))
         except Exception as exc:
             return [p if isinstance(p, BaseException) else exc for p in prepared]
-        out: list[Any | BaseException] = []
+        out: list[Any] = []
         offset = 0
-        for request, ctx, item in zip(requests, ctxs, prepared, strict=True):
-            if isinstance(item, BaseException):
-                out.append(item)
+        for item, part in zip(items, prepared, strict=True):
+            if isinstance(part, BaseException):
+                out.append(part)
                 continue
-            n = item[0].shape[0]
+            n = part[0].shape[0]
             try:
-                out.append(
-                    self._data(
-                        request, boxes[offset : offset + n], probs[offset : offset + n], item[1]
-                    )
-                )
+                window = slice(offset, offset + n)
+                out.append(self._data(boxes[window], probs[window], part[1], item))
             except Exception as exc:
                 out.append(exc)
             offset += n
-            ctx.progress(1, 1)
+        ctx.progress(1, 1)
         return out
 
 
@@ -257,32 +286,10 @@ def build_network(arch: Mapping[str, Any]) -> YoloV8:
 _SHARED: dict[tuple[str, str], tuple[YoloV8, list[str]]] = {}
 
 
-def create(options: Mapping[str, Any], root: Path) -> YoloV8Model:
-    """Load verified weights and class names; thresholds from the C++ config keys.
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """One detector set up and served through the SDK (no input limits: the registry's
+    ``create_model`` sets the configured ones; the instance is the returned model's
+    ``.instance``). Raises :class:`ModelLoadError`."""
+    from mortred_twisted.sdk.loading import build_sdk_model
 
-    Options: ``model_weights_path``, ``model_class_names_path``, ``device``,
-    ``model_score_threshold`` (0.25), ``model_nms_threshold`` (0.45),
-    ``model_keep_top_k`` (100).
-    """
-    weights = resolve_path(
-        root, option(options, "model_weights_path", DEFAULT_WEIGHTS, str), "model_weights_path"
-    )
-    names_path = resolve_path(
-        root,
-        option(options, "model_class_names_path", DEFAULT_CLASS_NAMES, str),
-        "model_class_names_path",
-    )
-    device = resolve_device(options.get("device", "cpu"))
-    score = option(options, "model_score_threshold", 0.25, float)
-    nms_t = option(options, "model_nms_threshold", 0.45, float)
-    top_k = option(options, "model_keep_top_k", 100, int)
-    if not (0.0 <= score <= 1.0 and 0.0 <= nms_t <= 1.0 and top_k >= 1):
-        raise ModelLoadError("thresholds must lie in [0, 1] and model_keep_top_k >= 1")
-    key = (str(weights), str(device))
-    if key not in _SHARED:
-        checkpoint = load_verified_checkpoint(weights, MODEL_TYPE)
-        net = build_network(checkpoint["arch"])
-        load_state(net, checkpoint, weights)
-        _SHARED[key] = (net.to(device), read_class_names(names_path, net.num_classes))
-    net, names = _SHARED[key]
-    return YoloV8Model(net, names, device, score, nms_t, top_k)
+    return build_sdk_model(YoloV8Model, options, root)

@@ -24,6 +24,9 @@ Input: PNG/JPEG images (RGB, any size). Output ``data`` for one image::
 Several images give ``{"results": [that object, ...]}``. Progress is reported as prompt
 batches done / total over the whole request, and cancellation is checked between
 batches (a cancelled run raises :class:`RunCancelled`).
+
+Declared with the SDK (:class:`SamAmgModel`, the seed's ``"mortred-v1"`` contract:
+the params, 422 messages and ``data`` of the seed); requests run one by one.
 """
 
 from __future__ import annotations
@@ -37,13 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import (
-    InferenceRequest,
-    InputDecodeError,
-    Model,
-    ModelLoadError,
-    RunContext,
-)
+from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.pretrained import (
     load_processor,
     quiet_transformers,
@@ -54,7 +51,6 @@ from mortred_twisted.models.classification.weights import (
     resolve_device,
 )
 from mortred_twisted.models.codec import decode_image, png_base64
-from mortred_twisted.models.params import ParamSpec
 from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
 from mortred_twisted.models.segment_anything.amg import (
     MAX_MASKS,
@@ -62,6 +58,7 @@ from mortred_twisted.models.segment_anything.amg import (
     AutomaticMaskGenerator,
 )
 from mortred_twisted.models.segment_anything.prompter import SamPrompter
+from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "SAM_AMG"
 DEFAULT_PRETRAINED = "weights/perception/sam_amg"
@@ -132,92 +129,113 @@ def overlay(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.5) ->
 _AMG_KEYS = {f.name for f in fields(AmgConfig)}
 
 
-class SamAmgModel(Model):
-    """One worker's automatic mask generator (the ``SamModel`` may be shared, read-only)."""
+class SamAmgModel(ServedModel):
+    """Automatic mask generation: every object's mask, with its predicted IoU and
+    stability score (optionally a colourised overlay)."""
 
+    contract = "mortred-v1"
     output_schema = SAM_AMG_OUTPUT
 
-    params_schema: Sequence[ParamSpec] = (
-        ParamSpec(
-            "points_per_side",
-            int,
-            minimum=1,
-            maximum=64,
-            description="prompt grid is points_per_side^2 points",
+    generator: AutomaticMaskGenerator
+    config: AmgConfig
+
+    def setup(self) -> None:
+        """Load the model; AMG defaults from the options.
+
+        The model is a transformers ``SamModel`` directory named by ``pretrained``
+        (verified against its manifest; default ``weights/perception/sam_amg``; shared
+        by the workers of one process, read-only). Other options: ``device`` and the
+        generator's keys (see :class:`AmgConfig`). Raises :class:`ModelLoadError`.
+        """
+        options = self.options
+        unknown = set(options) - _AMG_KEYS - {"pretrained", "device"}
+        if unknown:
+            raise ModelLoadError(
+                f"unknown model option(s) {sorted(unknown)}; known: pretrained, device, "
+                + ", ".join(sorted(_AMG_KEYS))
+            )
+        config = amg_config_from_options(options)
+        device = resolve_device(options.get("device", "cpu"))
+        directory = verified_directory(options, self.root, DEFAULT_PRETRAINED, MODEL_TYPE)
+        self.generator = AutomaticMaskGenerator(load(directory, device))
+        self.config = config
+
+    @classmethod
+    def around(cls, generator: AutomaticMaskGenerator, config: AmgConfig) -> SamAmgModel:
+        """An instance over an already built generator (no ``setup``: scripts, tests)."""
+        instance = cls()
+        instance.generator = generator
+        instance.config = config
+        return instance
+
+    def _config(self, given: Mapping[str, Any]) -> AmgConfig:
+        overrides = {k: v for k, v in given.items() if k in _AMG_KEYS and v is not None}
+        return replace(self.config, **overrides)
+
+    def predict(
+        self,
+        ctx: Context,
+        images: list[Image] = Input(description="PNG/JPEG pictures, any size"),
+        points_per_side: int = Input(
+            None, ge=1, le=64, description="prompt grid is points_per_side^2 points"
         ),
-        ParamSpec(
-            "points_per_batch",
-            int,
-            minimum=1,
-            maximum=256,
+        points_per_batch: int = Input(
+            None,
+            ge=1,
+            le=256,
             description="prompts decoded per batch (one progress step each); at most 256 "
             "bounds the decoder's working memory",
         ),
-        ParamSpec("pred_iou_thresh", float, minimum=0.0, maximum=1.0),
-        ParamSpec("stability_score_thresh", float, minimum=0.0, maximum=1.0),
-        ParamSpec("stability_score_offset", float, minimum=0.0, maximum=100.0),
-        ParamSpec("box_nms_thresh", float, minimum=0.0, maximum=1.0),
-        ParamSpec("min_mask_region_area", int, minimum=0, maximum=1 << 24),
-        ParamSpec(
-            "crop_n_layers",
-            int,
-            minimum=0,
-            maximum=3,
+        pred_iou_thresh: float = Input(None, ge=0.0, le=1.0),
+        stability_score_thresh: float = Input(None, ge=0.0, le=1.0),
+        stability_score_offset: float = Input(None, ge=0.0, le=100.0),
+        box_nms_thresh: float = Input(None, ge=0.0, le=1.0),
+        min_mask_region_area: int = Input(None, ge=0, le=1 << 24),
+        crop_n_layers: int = Input(
+            None,
+            ge=0,
+            le=3,
             description="extra layers of overlapping crops (layer i: 2^i x 2^i crops), "
             "each embedded once; 0 = the whole picture only",
         ),
-        ParamSpec(
-            "crop_overlap_ratio",
-            float,
-            minimum=0.0,
-            maximum=0.9,
+        crop_overlap_ratio: float = Input(
+            None,
+            ge=0.0,
+            le=0.9,
             description="overlap of neighbouring crops, as a share of the picture's short "
             "side (scaled by 2 / crops per side)",
         ),
-        ParamSpec(
-            "crop_n_points_downscale_factor",
-            int,
-            minimum=1,
-            maximum=16,
+        crop_n_points_downscale_factor: int = Input(
+            None,
+            ge=1,
+            le=16,
             description="each crop layer's point grid has this factor fewer points per side",
         ),
-        ParamSpec(
-            "crop_nms_thresh",
-            float,
-            minimum=0.0,
-            maximum=1.0,
+        crop_nms_thresh: float = Input(
+            None,
+            ge=0.0,
+            le=1.0,
             description="box IoU above which a mask of a larger crop is dropped",
         ),
-        ParamSpec(
-            "max_masks",
-            int,
-            minimum=1,
-            maximum=MAX_MASKS,
+        max_masks: int = Input(
+            None,
+            ge=1,
+            le=MAX_MASKS,
             description="masks returned per image at most (highest predicted IoU first); "
             "bounds the full-size masks held",
         ),
-        ParamSpec("output_mode", str, default="uncompressed_rle", choices=OUTPUT_MODES),
-        ParamSpec(
-            "return_overlay",
-            bool,
-            default=False,
-            description="also return a colourised overlay PNG (base64)",
+        output_mode: str = Input("uncompressed_rle", choices=OUTPUT_MODES),
+        return_overlay: bool = Input(
+            False, description="also return a colourised overlay PNG (base64)"
         ),
-    )
-
-    def __init__(self, generator: AutomaticMaskGenerator, config: AmgConfig) -> None:
-        self.generator = generator
-        self.config = config
-
-    def _config(self, params: Mapping[str, Any]) -> AmgConfig:
-        return replace(self.config, **{k: v for k, v in params.items() if k in _AMG_KEYS})
-
-    def run(self, request: InferenceRequest, ctx: RunContext) -> Any:
+    ) -> Any:
         """Generate masks for every image; progress per prompt batch; cancellable."""
-        if not request.images:
+        # the declared params by name, as the seed's validated ``params`` name them
+        given = {k: v for k, v in locals().items() if k not in ("self", "ctx", "images")}
+        if not images:
             raise InputDecodeError("no image in request")
-        pictures = [decode_image(img) for img in request.images]
-        config = self._config(request.params)
+        pictures = [decode_image(image.read()) for image in images]
+        config = self._config(given)
         total = self.generator.batches(config) * len(pictures)
         done = 0
         ctx.progress(0, total)
@@ -232,7 +250,7 @@ class SamAmgModel(Model):
         # Each image's full-size masks are encoded and dropped before the next image
         # is segmented: one request holds at most one image's max_masks masks.
         results = [
-            self._format(rgb, self.generator.generate(rgb, config, on_batch), request.params)
+            self._format(rgb, self.generator.generate(rgb, config, on_batch), given)
             for rgb in pictures
         ]
         return results[0] if len(results) == 1 else {"results": results}
@@ -264,6 +282,9 @@ class SamAmgModel(Model):
 
 def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
     """The generator's defaults from the model config (C++ key names)."""
+    from mortred_twisted.sdk.loading import declaration_of
+    from mortred_twisted.sdk.seed_contract import param_specs
+
     defaults = AmgConfig()
     values: dict[str, Any] = {}
     for f in fields(AmgConfig):
@@ -272,7 +293,7 @@ def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
     config = AmgConfig(**values)
     # The same ranges as the request params (a config must not allow what a request
     # may not).
-    for spec in SamAmgModel.params_schema:
+    for spec in param_specs(declaration_of(SamAmgModel)):
         if spec.name in _AMG_KEYS:
             value = getattr(config, spec.name)
             low = -math.inf if spec.minimum is None else spec.minimum
@@ -301,26 +322,25 @@ def load(directory: Path, device: torch.device) -> SamPrompter:
     return _SHARED[key]  # type: ignore[return-value]
 
 
-def create(options: Mapping[str, Any], root: Path) -> SamAmgModel:
-    """Load the model; AMG defaults from ``options``.
+def create(options: Mapping[str, Any], root: Path) -> Model:
+    """One mask generator set up and served through the SDK (no input limits: the
+    registry's ``create_model`` sets the configured ones; the instance is the returned
+    model's ``.instance``). Raises :class:`ModelLoadError`."""
+    from mortred_twisted.sdk.loading import build_sdk_model
 
-    The model is a transformers ``SamModel`` directory named by ``pretrained``
-    (verified against its manifest; default ``weights/perception/sam_amg``). Other
-    options: ``device`` and the generator's keys (see :class:`AmgConfig`). Raises
-    :class:`ModelLoadError`.
-    """
-    unknown = set(options) - _AMG_KEYS - {"pretrained", "device"}
-    if unknown:
-        raise ModelLoadError(
-            f"unknown model option(s) {sorted(unknown)}; known: pretrained, device, "
-            + ", ".join(sorted(_AMG_KEYS))
-        )
-    config = amg_config_from_options(options)
-    device = resolve_device(options.get("device", "cpu"))
-    directory = verified_directory(options, root, DEFAULT_PRETRAINED, MODEL_TYPE)
-    return SamAmgModel(AutomaticMaskGenerator(load(directory, device)), config)
+    return build_sdk_model(SamAmgModel, options, root)
+
+
+def serve_generator(generator: Any, config: AmgConfig) -> Model:
+    """A served model (the seed's contract) over an already built generator, e.g. one
+    around a scripted prompter (tests, evaluation scripts)."""
+    from mortred_twisted.sdk.adapter import SdkModel
+    from mortred_twisted.sdk.loading import declaration_of
+
+    return SdkModel(declaration_of(SamAmgModel), SamAmgModel.around(generator, config))
 
 
 def load_for_eval(prompter: SamPrompter, **overrides: Any) -> SamAmgModel:
-    """A model around an already loaded prompter (training and evaluation scripts)."""
-    return SamAmgModel(AutomaticMaskGenerator(prompter), replace(AmgConfig(), **overrides))
+    """An instance around an already loaded prompter (training and evaluation scripts:
+    ``.generator``, ``.config``)."""
+    return SamAmgModel.around(AutomaticMaskGenerator(prompter), replace(AmgConfig(), **overrides))

@@ -14,10 +14,13 @@ of the built-in families.
 That contract *is* the built-in family's implementation, so the compatibility mode
 builds it rather than re-implementing it beside the task models (two copies of one
 contract drift; this way there is one): :data:`V1_FAMILIES` maps each task that has
-a seed contract to the factory of the family that defines it (the same factories
-the ``IMAGE_CLASSIFICATION``/``MOBILENETV2``, ``OBJECT_DETECTION`` and ``SAM_AMG``
-types name in :mod:`mortred_twisted.models.registry`). Those families are
-transformers families already (``AutoModelForImageClassification``,
+a seed contract to the family that defines it (the same
+:class:`~mortred_twisted.sdk.ServedModel` classes, declared with ``contract =
+"mortred-v1"``, that the ``IMAGE_CLASSIFICATION``/``MOBILENETV2``,
+``OBJECT_DETECTION`` and ``SAM_AMG`` types name in
+:mod:`mortred_twisted.models.registry`), built through the SDK
+(:func:`~mortred_twisted.sdk.loading.build_sdk_model`) as those types are. Those
+families are transformers families already (``AutoModelForImageClassification``,
 ``AutoModelForObjectDetection``, ``SamModel``), so every directory the task model
 loads, the v1 contract loads too, with the family's own load-time checks: the
 directory's ``manifest.json`` (sha256 of each file) is required, as for the shipped
@@ -27,7 +30,7 @@ generation). A task without a seed contract (zero-shot classification, semantic
 segmentation, depth) is a :class:`~mortred_twisted.models.base.ModelLoadError`
 naming the tasks that have one, as is an unknown contract.
 
-Loader thread only (the factories load weights).
+Loader thread only (the families load weights).
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ SDK_CONTRACT = "sdk"
 MORTRED_V1 = "mortred-v1"
 CONTRACTS = (SDK_CONTRACT, MORTRED_V1)
 
-#: Task -> ``module:factory`` of the built-in family whose contract is ``mortred-v1``
-#: for it (a test checks these are the registry's factories of those types).
+#: Task -> ``module:Class`` of the built-in family whose contract is ``mortred-v1``
+#: for it (a test checks these are the registry's entries of those types).
 V1_FAMILIES: Mapping[str, str] = {
-    "image-classification": "mortred_twisted.models.classification.image_classification:create",
-    "object-detection": "mortred_twisted.models.detection.object_detection:create",
-    "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:create",
+    "image-classification": (
+        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+    ),
+    "object-detection": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
+    "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
 }
 
 
@@ -78,8 +83,10 @@ def create_v1(task: str, options: Mapping[str, Any], root: Path) -> Model:
 
     ``options`` are the server file's ``[model]`` options without ``type``,
     ``contract`` and ``task`` (and without the input limits, which the registry
-    sets on the returned model). Raises ModelLoadError for a task without a seed
-    contract; the family's own load errors propagate unchanged.
+    sets on the returned model). The model is the family's
+    :class:`~mortred_twisted.sdk.adapter.SdkModel` (its ``.instance`` the family's
+    instance). Raises ModelLoadError for a task without a seed contract; the family's
+    own load errors propagate unchanged.
     """
     target = V1_FAMILIES.get(task)
     if target is None:
@@ -88,6 +95,8 @@ def create_v1(task: str, options: Mapping[str, Any], root: Path) -> Model:
             f"{', '.join(sorted(V1_FAMILIES))}, not {task!r} (use contract = "
             f"{SDK_CONTRACT!r})"
         )
+    from mortred_twisted.sdk.loading import build_sdk_model
+
     module, _, attr = target.partition(":")
-    factory = getattr(importlib.import_module(module), attr)
-    return factory(dict(options), root)
+    family = getattr(importlib.import_module(module), attr)
+    return build_sdk_model(family, dict(options), root)

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest, ModelLoadError, RunContext
+from mortred_twisted.models.base import (
+    InferenceRequest,
+    InvalidRequest,
+    Model,
+    ModelLoadError,
+    RunContext,
+)
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import (
     CANDIDATES_PER_CROP,
@@ -134,10 +140,11 @@ def _rect_picture() -> np.ndarray:
     return rgb
 
 
-def _colour_model(**config: object) -> tuple[sam_amg.SamAmgModel, ColourPrompter]:
+def _colour_model(**config: object) -> tuple[Model, ColourPrompter]:
+    """The served SAM_AMG model (the seed's contract) over the scripted prompter."""
     prompter = ColourPrompter()
     generator = AutomaticMaskGenerator(prompter)  # type: ignore[arg-type]
-    return sam_amg.SamAmgModel(generator, AmgConfig(**config)), prompter  # type: ignore[arg-type]
+    return sam_amg.serve_generator(generator, AmgConfig(**config)), prompter  # type: ignore[arg-type]
 
 
 def _req(image: bytes, **params: object) -> InferenceRequest:
@@ -263,7 +270,7 @@ class EveryPointAMask:
         return logits, torch.rand(n, 3) * 0.5 + 0.5
 
 params = json.loads(sys.argv[1])
-model = sam_amg.SamAmgModel(AutomaticMaskGenerator(EveryPointAMask()), AmgConfig())
+model = sam_amg.serve_generator(AutomaticMaskGenerator(EveryPointAMask()), AmgConfig())
 rgb = (np.random.default_rng(0).integers(0, 256, (1024, 1024, 3))).astype(np.uint8)
 request = model.validate(InferenceRequest("t", (png_bytes(rgb),), params))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -19,6 +19,7 @@ from mortred_twisted.models.base import (
     InferenceRequest,
     InputDecodeError,
     InvalidRequest,
+    Model,
     RunCancelled,
     RunContext,
 )
@@ -27,6 +28,7 @@ from mortred_twisted.models.detection import object_detection, yolov8
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.prompter import Embedded
+from mortred_twisted.sdk.adapter import SdkModel
 from tests.models.perception.conftest import ROOT, png_bytes
 
 RNG = np.random.default_rng(0)
@@ -39,11 +41,11 @@ def _req(*images: bytes, **params: object) -> InferenceRequest:
     return InferenceRequest(req_id="t", images=tuple(images), params=dict(params))
 
 
-def _classifier(stand_in: Callable[[str], Path]) -> image_classification.ImageClassificationModel:
+def _classifier(stand_in: Callable[[str], Path]) -> SdkModel:
     return image_classification.create({"pretrained": str(stand_in("IMAGE_CLASSIFICATION"))}, ROOT)
 
 
-def _yolo(tiny_weights: Callable[[str], Path]) -> yolov8.YoloV8Model:
+def _yolo(tiny_weights: Callable[[str], Path]) -> SdkModel:
     yolov8._SHARED.clear()
     return yolov8.create(
         {
@@ -68,7 +70,7 @@ def test_classifier_batch_isolates_a_bad_image(stand_in: Callable[[str], Path]) 
         np.testing.assert_allclose(out[i]["scores"], single["scores"], atol=1e-5)
         assert sum(out[i]["scores"]) == pytest.approx(1.0, abs=1e-3)
         assert len(out[i]["scores"]) == 1001
-        assert out[i]["category"] == model.net.config.id2label[out[i]["class_id"]]
+        assert out[i]["category"] == model.instance.net.config.id2label[out[i]["class_id"]]
 
 
 def test_classifier_several_images_and_top_k(stand_in: Callable[[str], Path]) -> None:
@@ -133,7 +135,7 @@ def test_detector_batch_isolation_and_boxes_inside_picture(
         model.validate(_req(GOOD, model_nms_threshold=1.5))
 
 
-def _sam(stand_in: Callable[[str], Path], **opts: object) -> sam_amg.SamAmgModel:
+def _sam(stand_in: Callable[[str], Path], **opts: object) -> SdkModel:
     return sam_amg.create({"pretrained": str(stand_in("SAM_AMG")), **opts}, ROOT)
 
 
@@ -216,9 +218,10 @@ class DiscPrompter:
         return logits[:, :, : embedded.valid_h, : embedded.valid_w], iou
 
 
-def _disc_model(**config: object) -> sam_amg.SamAmgModel:
+def _disc_model(**config: object) -> Model:
+    """The served SAM_AMG model (the seed's contract) over the scripted prompter."""
     generator = AutomaticMaskGenerator(DiscPrompter())  # type: ignore[arg-type]
-    return sam_amg.SamAmgModel(generator, AmgConfig(**config))  # type: ignore[arg-type]
+    return sam_amg.serve_generator(generator, AmgConfig(**config))  # type: ignore[arg-type]
 
 
 def test_amg_filters_and_deduplicates_to_one_mask_per_object() -> None:

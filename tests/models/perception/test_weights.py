@@ -81,8 +81,9 @@ def test_verified_directory_loads(classifier_dir: Path) -> None:
     """A transformers directory matching its manifest builds a classifier with its
     id2label as class names."""
     model = create_model("IMAGE_CLASSIFICATION", {"pretrained": str(classifier_dir)}, ROOT)
-    assert isinstance(model, image_classification.ImageClassificationModel)
-    assert len(model.class_names) == 1001 and model.class_names[0] == "background"
+    assert isinstance(model.instance, image_classification.ImageClassificationModel)
+    names = model.instance.class_names
+    assert len(names) == 1001 and names[0] == "background"
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "preprocessor_config.json"])

@@ -97,7 +97,7 @@ def test_sam_amg_serves_the_sam_vit_base_layout(layout: Callable[[str], Path], t
     model = create_model(
         "SAM_AMG", {"pretrained": str(directory), "points_per_side": 2, **OPEN}, tmp_path
     )
-    assert model.generator.prompter.low_res == 256
+    assert model.instance.generator.prompter.low_res == 256
     request = model.validate(InferenceRequest(req_id="r", images=[png(200, 150)], params={}))
     data = model.run(request, RunContext())
     assert (data["width"], data["height"]) == (200, 150) and data["masks"]
@@ -125,7 +125,7 @@ def test_each_kept_mask_is_resized_once(monkeypatch: pytest.MonkeyPatch) -> None
     from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 
     model = create_model("SAM_AMG", {}, Path.cwd())
-    generator = model.generator
+    generator = model.instance.generator
     resized: list[int] = []
     original = AutomaticMaskGenerator._upscale
 
