@@ -266,6 +266,10 @@ class IsolatedModel(Model):
         assert self._local is not None
         return self._local.validate(request)
 
+    def validation_twin(self) -> Model | None:
+        """The weightless twin the worker sent: what validates a request here."""
+        return self._local
+
     def _ensure_alive(self) -> Connection:
         if self._process is None or not self._process.is_alive() or self._conn is None:
             self._start()

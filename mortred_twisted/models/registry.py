@@ -20,10 +20,10 @@ from mortred_twisted.models.input_limits import split_input_limits, takes_input_
 
 MODEL_FACTORIES: Mapping[str, str] = {
     "fake": "mortred_twisted.models.fake:FakeModel",
-    "DDPM": "mortred_twisted.models.diffusion.ddpm:create",
-    "DDIM": "mortred_twisted.models.diffusion.ddim:create",
-    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:create",
-    "LDM": "mortred_twisted.models.diffusion.ldm:create",
+    "DDPM": "mortred_twisted.models.diffusion.ddpm:DdpmModel",
+    "DDIM": "mortred_twisted.models.diffusion.ddim:DdimModel",
+    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:ClsCondDdimModel",
+    "LDM": "mortred_twisted.models.diffusion.ldm:LdmModel",
     # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
     # as a type and builds the same transformers image classifier.
     "MOBILENETV2": (

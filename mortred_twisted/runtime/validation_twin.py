@@ -87,7 +87,7 @@ def admissible_twin(model: Any) -> tuple[Any, str]:
     if isinstance(model, IsolatedModel):
         # The server validates with the twin its worker sent (the instance lives in
         # the worker process): that twin is what a request meets here.
-        local = getattr(model, "_local", None)
+        local = model.validation_twin()
     if not isinstance(local, SdkModel):
         return None, f"{type(local).__name__} is not an SDK model (validate is code)"
     kind = type(local)

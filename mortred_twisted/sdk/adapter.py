@@ -204,6 +204,9 @@ class SdkModel(Model):
     def run_batch(
         self, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
     ) -> list[Any | BaseException]:
+        together = getattr(self.instance, "predict_together", None)
+        if together is not None and len(requests) > 1:
+            return self._run_together(together, requests, ctxs)
         if self.declaration.max_batch_size <= 1 or len(requests) == 1:
             return super().run_batch(requests, ctxs)
         instance = self._require_instance()
@@ -223,6 +226,38 @@ class SdkModel(Model):
             return [error for _ in requests]
         results: list[Any | BaseException] = []
         for out, encoder in zip(outputs, encoders, strict=True):
+            if isinstance(out, BaseException):
+                results.append(out)
+                continue
+            try:
+                results.append(encoder.encode(out))
+            except (TypeError, ValueError) as exc:
+                results.append(exc)
+        return results
+
+    def _run_together(
+        self, together: Any, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
+    ) -> list[Any | BaseException]:
+        """``predict_together(ctxs, items)``: several requests in one call, each with
+        its own context (its cancel, its progress, its events), unlike
+        ``predict_batch``'s one context; one outcome (output or exception) each."""
+        encoders = [self.encoder(ctx) for ctx in ctxs]
+        run_ctxs = [
+            self._context(ctx, request.req_id, encoder)
+            for ctx, request, encoder in zip(ctxs, requests, encoders, strict=True)
+        ]
+        items = [self._kwargs(request) for request in requests]
+        try:
+            outcomes = list(together(run_ctxs, items))
+        except Exception as exc:
+            return [exc for _ in requests]
+        if len(outcomes) != len(requests):
+            error = BatchLengthError(
+                f"predict_together returned {len(outcomes)} entries for {len(requests)} items"
+            )
+            return [error for _ in requests]
+        results: list[Any | BaseException] = []
+        for out, encoder in zip(outcomes, encoders, strict=True):
             if isinstance(out, BaseException):
                 results.append(out)
                 continue

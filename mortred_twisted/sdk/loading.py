@@ -109,6 +109,9 @@ def resolve_target(model_type: str, base: Path | None = None) -> str:
                 "entry point, but it is a built-in type; rename the entry point"
             )
         return registered[model_type]
+    builtin = MODEL_FACTORIES.get(model_type)
+    if builtin is not None:  # a built-in family (the harness, mortredctl model check)
+        return builtin
     known = sorted(set(MODEL_FACTORIES) | set(registered))
     raise ModelLoadError(
         f"unknown model type {model_type!r}; known: {', '.join(known)}; or give "
@@ -140,10 +143,21 @@ def load_served_class(model_type: str, base: Path | None = None) -> type:
         if obj is None:
             raise ModelLoadError(f"model type {model_type!r}: {module_name} has no {attr!r}")
     if not (isinstance(obj, type) and issubclass(obj, ServedModel)):
+        if target in _builtin_targets():
+            raise ModelLoadError(
+                f"model type {model_type!r} is a built-in loader of several declarations, "
+                "not one declared class; name its class (package.module:Class)"
+            )
         raise ModelLoadError(
             f"model type {model_type!r}: {attr} is not a mortred_twisted.sdk.ServedModel subclass"
         )
     return obj
+
+
+def _builtin_targets() -> set[str]:
+    from mortred_twisted.models.registry import MODEL_FACTORIES
+
+    return set(MODEL_FACTORIES.values())
 
 
 def declaration_of(cls: type) -> Declaration:

@@ -32,6 +32,9 @@ without the instance checks exactly what the model does):
   ``"mortred-v1"``, the seed's envelope that the built-in families keep (see
   :mod:`mortred_twisted.sdk.seed_contract`), with :attr:`output_schema` the JSON
   schema of the ``data`` that ``predict`` returns as it is;
+* ``predict_together(ctxs, items)``: several sync requests in one call, each with its
+  own :class:`~mortred_twisted.sdk.context.Context` (its cancel and progress), one
+  outcome each — where ``predict_batch``'s one context is too coarse (samplers);
 * ``run_capacity`` and ``step_batch()`` (step batching) and ``check_inputs(params)``
   (reactor-thread checks after the declaration's), see ``sdk/step_batching.py``.
 """

@@ -112,7 +112,7 @@ def check_scalar(decl: InputDecl, value: Any, where: str, *, from_text: bool = F
     return value
 
 
-def _decode_text(value: str, where: str) -> tuple[bytes, str | None]:
+def decode_text(value: str, where: str) -> tuple[bytes, str | None]:
     """A base64 string or a ``data:`` URI → (bytes, the URI's content type)."""
     text = value.strip()
     content_type = None
@@ -143,7 +143,7 @@ class _Files:
         elif isinstance(value, (bytes, bytearray)):  # the seed envelope's images
             data, content_type, name = bytes(value), None, None
         elif isinstance(value, str):
-            data, content_type = _decode_text(value, where)
+            data, content_type = decode_text(value, where)
             name = None
         else:
             raise _bad(where, "must be a base64 string, a data: URI or a multipart file part")

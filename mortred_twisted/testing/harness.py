@@ -40,7 +40,8 @@ from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.sdk.loading import declaration_of, load_served_class
 from mortred_twisted.sdk.media import File, Image
-from mortred_twisted.sdk.validation import Upload
+from mortred_twisted.sdk.seed_contract import SEED
+from mortred_twisted.sdk.validation import Upload, decode_text
 
 Target = type | str
 
@@ -180,6 +181,15 @@ def as_input(value: Any, where: str) -> Any:
     return value  # base64, a data: URI, or something the validator refuses
 
 
+def _seed_image(value: Any, where: str) -> bytes:
+    """One picture of a seed-envelope model as the envelope's ``images`` carry it."""
+    if isinstance(value, Upload):
+        return value.data
+    if isinstance(value, str):  # base64 or a data: URI, as the envelope sends it
+        return decode_text(value, where)[0]
+    return value
+
+
 def _is_file(text: str) -> bool:
     try:
         return Path(text).is_file()
@@ -216,7 +226,9 @@ class ModelHarness:
     # -- validation -------------------------------------------------------------
 
     def _request(self, inputs: Mapping[str, Any], req_id: str) -> InferenceRequest:
+        seed = self.declaration.contract == SEED
         params: dict[str, Any] = {}
+        images: tuple[bytes, ...] = ()
         for name, value in inputs.items():
             decl = self.declaration.input(name)
             if decl is not None and decl.binary and value is not None:
@@ -225,8 +237,18 @@ class ModelHarness:
                     value = [as_input(v, f"{where}[{i}]") for i, v in enumerate(value)]
                 else:
                     value = as_input(value, where)
+                if seed:  # the seed envelope: the pictures travel as its images
+                    items = value if isinstance(value, list) else [value]
+                    images = tuple(_seed_image(v, where) for v in items)
+                    continue
             params[name] = value
-        return InferenceRequest(req_id=req_id, params=params)
+        return InferenceRequest(req_id=req_id, images=images, params=params)
+
+    @property
+    def _validator(self) -> SdkModel:
+        """The set-up model once there is one (its declaration may be refined by its
+        configuration, ``configure_inputs``), else the class's validation twin."""
+        return self._model if self._model is not None else self._twin
 
     def validate(self, params: Mapping[str, Any] | None = None, **inputs: Any) -> dict[str, Any]:
         """The normalised params (defaults filled in; binary inputs as file references),
@@ -235,7 +257,7 @@ class ModelHarness:
         the server answers 422 ``"invalid request: <field>: <message>"``),
         ``InputTooLarge`` (413) or ``InputDecodeError`` (400). Never runs ``setup``."""
         merged = {**(params or {}), **inputs}
-        return dict(self._twin.validate(self._request(merged, "validate")).params)
+        return dict(self._validator.validate(self._request(merged, "validate")).params)
 
     # -- runs ---------------------------------------------------------------------
 
@@ -264,7 +286,7 @@ class ModelHarness:
         result = RunResult()
         req_id = self._next_id()
         try:
-            request = self._twin.validate(self._request(inputs, req_id))
+            request = self._validator.validate(self._request(inputs, req_id))
         except Exception as exc:
             result.error = exc
             return result
@@ -306,7 +328,7 @@ class ModelHarness:
         requests, ctxs, slots = [], [], []
         for i, inputs in enumerate(items):
             try:
-                request = self._twin.validate(self._request(inputs, self._next_id()))
+                request = self._validator.validate(self._request(inputs, self._next_id()))
             except Exception as exc:
                 results[i].error = exc
                 continue

@@ -158,6 +158,14 @@ class DiffusionModel(ServedModel):
             raise outcome
         return outcome
 
+    def predict_together(
+        self, ctxs: Sequence[Context], items: Sequence[Mapping[str, Any]]
+    ) -> list[Any]:
+        """The sync path's dynamic batching (the server file's ``max_batch_size``):
+        the requests stepped together in a private batch to the end, each with its
+        own context (cancel, progress) and outcome."""
+        return run_together(self, list(items), list(ctxs), self.max_batch_images)
+
     def step_batch(self) -> DenoiseBatch | None:
         """The instance's batch (the same one every call), or None at capacity 1."""
         return self._batch

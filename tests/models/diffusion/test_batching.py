@@ -397,8 +397,9 @@ def test_a_run_alone_fails_on_nan_too(
 
 
 def test_run_batch_gives_each_sync_run_its_own_outcome(build: Callable[..., Any]) -> None:
-    """run_batch (the sync path's dynamic batching) returns each run's data or error
-    (the SDK runs a seed model's batch run by run: its own cancel, its own bytes)."""
+    """run_batch (the sync path's dynamic batching) steps the runs together
+    (``predict_together``: one denoiser call per step) and returns each run's data or
+    error (its own context: its cancel, its progress)."""
     model = build("DDPM")
     reqs = requests(model, [{"sample_steps": 3, "seed": 1}, {"sample_steps": 2, "seed": 2}])
     cancelled = RunContext()
@@ -406,6 +407,18 @@ def test_run_batch_gives_each_sync_run_its_own_outcome(build: Callable[..., Any]
     out = model.run_batch(reqs, [RunContext(), cancelled])
     assert isinstance(out[1], RunCancelled)
     assert max_diff(out[0], model.run(reqs[0], RunContext())) <= TOLERANCE
+    calls: list[int] = []
+    hook = model.instance.pipe.denoiser.register_forward_pre_hook(
+        lambda _m, args: calls.append(args[0].shape[0])
+    )
+    try:
+        ctxs = [RunContext(), RunContext()]
+        both = model.run_batch(reqs, ctxs)
+    finally:
+        hook.remove()
+    assert calls == [2, 2, 1]  # both runs in the first two steps, one call each
+    assert [c.last_progress for c in ctxs] == [(3, 3), (2, 2)]
+    assert not any(isinstance(o, BaseException) for o in both)
 
 
 def test_capacity_is_the_model_option(build: Callable[..., Any]) -> None:
