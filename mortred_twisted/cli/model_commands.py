@@ -76,9 +76,10 @@ def schema_of(declaration: Any) -> dict[str, Any]:
         "name": declaration.name,
         "description": declaration.description,
         "inputs": declaration.inputs_schema(),
-        "output": declaration.output.json_schema(),
+        "output": declaration.output_schema or declaration.output.json_schema(),
         "streams": declaration.streams,
         "max_batch_size": declaration.max_batch_size,
+        "contract": declaration.contract,
     }
 
 

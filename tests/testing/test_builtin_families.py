@@ -58,6 +58,8 @@ def test_mortredctl_model_check_takes_a_builtin_type() -> None:
     assert doc["schema"]["inputs"]["properties"]["mode"]["enum"] == list(
         ("sleep", "cpu", "python", "fail")
     )
+    assert doc["schema"]["contract"] == "mortred-v1"
+    assert doc["schema"]["output"]["properties"]["digest"]["type"] == "string"
 
 
 def test_a_loader_type_is_not_one_declared_class() -> None:
