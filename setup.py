@@ -13,14 +13,14 @@ from setuptools import find_packages, setup
 
 
 def _builtin_models() -> dict[str, str]:
-    """MODEL_FACTORIES of models/registry.py, read without importing the package."""
+    """MODEL_FACTORIES of model_api/builtins.py, read without importing the package."""
     tree = ast.parse(
-        Path(__file__).with_name("mortred_twisted").joinpath("models", "registry.py").read_text()
+        Path(__file__).with_name("mortred_twisted").joinpath("model_api", "builtins.py").read_text()
     )
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "MODEL_FACTORIES":
             return ast.literal_eval(node.value)
-    raise RuntimeError("MODEL_FACTORIES not found in mortred_twisted/models/registry.py")
+    raise RuntimeError("MODEL_FACTORIES not found in mortred_twisted/model_api/builtins.py")
 
 
 setup(
@@ -82,7 +82,7 @@ setup(
         ],
         # The built-in model families, registered the way any package registers its
         # models for `[model] type = "<name>"` (mortred_twisted/sdk/loading.py); the
-        # list is models/registry.py's MODEL_FACTORIES (a test keeps them equal).
+        # list is model_api/builtins.py's MODEL_FACTORIES (a test keeps them equal).
         "mortred_twisted.models": [
             f"{name}={target}" for name, target in _builtin_models().items()
         ],

@@ -247,7 +247,7 @@ def tolerance(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
     from PIL import Image
 
-    from mortred_twisted.models.base import InferenceRequest, RunContext
+    from mortred_twisted.model_api.base import InferenceRequest, RunContext
     from mortred_twisted.models.registry import create_model
 
     torch.set_num_threads(1)

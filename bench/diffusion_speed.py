@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E402
+from mortred_twisted.model_api.base import InferenceRequest, RunContext  # noqa: E402
 from mortred_twisted.models.registry import create_model  # noqa: E402
 
 CONFIGS = {

@@ -82,7 +82,7 @@ def redis_runs(jobs: int, repeat: int) -> None:
     from twisted.internet import defer, reactor
 
     from mortred_twisted.jobs.states import JobState
-    from mortred_twisted.models.base import InferenceRequest
+    from mortred_twisted.model_api.base import InferenceRequest
     from tests.stores.test_store_contract import redis_store
     from tests.support.redis_server import redis_server
 

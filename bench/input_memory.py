@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image  # noqa: E402
 
 from mortred_twisted.config.server import load_server_config  # noqa: E402
-from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E402
+from mortred_twisted.model_api.base import InferenceRequest, RunContext  # noqa: E402
 from mortred_twisted.models.registry import create_model  # noqa: E402
 
 

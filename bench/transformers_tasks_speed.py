@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mortred_twisted.models.base import InferenceRequest, RunContext  # noqa: E402
+from mortred_twisted.model_api.base import InferenceRequest, RunContext  # noqa: E402
 from mortred_twisted.models.registry import create_model  # noqa: E402
 
 OPEN_AMG = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0, "points_per_side": 8}

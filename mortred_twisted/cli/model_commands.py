@@ -95,7 +95,7 @@ def _fail(message: str, err: TextIO) -> int:
 def cmd_model_check(args: argparse.Namespace, out: TextIO) -> int:
     import sys
 
-    from mortred_twisted.models.base import ModelLoadError
+    from mortred_twisted.model_api.base import ModelLoadError
     from mortred_twisted.testing import conformance
     from mortred_twisted.testing.harness import inputs_from_pairs
 
@@ -123,7 +123,7 @@ def cmd_model_check(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_model_run(args: argparse.Namespace, out: TextIO) -> int:
     import sys
 
-    from mortred_twisted.models.base import InvalidRequest, ModelError
+    from mortred_twisted.model_api.base import InvalidRequest, ModelError
     from mortred_twisted.testing.harness import inputs_from_pairs
 
     try:
@@ -203,7 +203,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import InvalidRequest, RunCancelled
+from mortred_twisted.model_api.base import InvalidRequest, RunCancelled
 from mortred_twisted.testing import MemoryServer, ModelHarness, conformance
 
 HERE = Path(__file__).resolve().parent

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from mortred_twisted.config.errors import ConfigErrors, check_value, did_you_mean
 from mortred_twisted.jobs.webhooks import normalise_allowed_hosts, secret_key
-from mortred_twisted.models.input_limits import input_limit_problems, takes_input_limits
+from mortred_twisted.model_api.input_limits import input_limit_problems, takes_input_limits
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from mortred_twisted.http.errors import INVALID_REQUEST, JSON_DECODE_ERROR, ApiError
 from mortred_twisted.ids import new_request_id
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 
 MAX_IMAGES = 64
 MAX_REQ_ID_LEN = 256

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InputDecodeError,
     InputTooLarge,
     InvalidRequest,

@@ -11,7 +11,7 @@ from typing import Any
 
 from mortred_twisted import __version__
 from mortred_twisted.config.server import ServerConfig
-from mortred_twisted.models.params import ParamSpec
+from mortred_twisted.model_api.params import ParamSpec
 
 _ERROR = {"$ref": "#/components/schemas/JobError"}
 _ENVELOPE_ERROR = {"$ref": "#/components/schemas/ErrorEnvelope"}

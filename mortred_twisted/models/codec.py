@@ -8,7 +8,7 @@ EPS to Ghostscript). Output images are PNG, base64-encoded as ASCII strings.
 Sizes are read from the header first (:func:`image_header_size`: ``Image.open``
 parses the header, ``.size`` is known before ``load()``), so a picture over the
 limit is refused before a pixel is decompressed: by the request's limits at
-validation (:mod:`mortred_twisted.models.input_limits`), and again here, in
+validation (:mod:`mortred_twisted.model_api.input_limits`), and again here, in
 :func:`decode_image`, against :data:`MAX_PIXELS` as the decoder's own backstop.
 """
 
@@ -18,48 +18,27 @@ import base64
 import io
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from mortred_twisted.models.base import InputDecodeError, InputTooLarge
-from mortred_twisted.models.input_limits import MAX_PIXELS_CEILING
+from mortred_twisted.model_api.base import InputDecodeError, InputTooLarge
+from mortred_twisted.model_api.image_header import (
+    ACCEPTED_FORMATS,
+    MAX_PIXELS,
+    OPEN_ERRORS,
+    image_header_size,
+    open_header,
+)
 
-#: Refuse pictures larger than this many pixels (decompression bombs): the ceiling
-#: of every model's ``max_pixels``, below Pillow's own ``Image.MAX_IMAGE_PIXELS``.
-MAX_PIXELS = MAX_PIXELS_CEILING
-#: The formats Pillow may open for a request.
-ACCEPTED_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP")
-_OPEN_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError)
-
-
-def _open(data: bytes) -> Image.Image:
-    """``Image.open`` on ``data``: the header is parsed, nothing is decompressed.
-
-    Raises :class:`InputDecodeError` (empty, unreadable, another format) or
-    :class:`InputTooLarge` (over Pillow's decompression-bomb guard, which raises at
-    open from the declared size).
-    """
-    if not data:
-        raise InputDecodeError("empty image")
-    try:
-        return Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
-    except Image.DecompressionBombError as exc:
-        raise InputTooLarge("image", str(exc), limit="max_pixels", value=MAX_PIXELS) from None
-    except _OPEN_ERRORS as exc:
-        raise InputDecodeError(f"cannot decode image: {exc}") from exc
-
-
-def image_header_size(data: bytes) -> tuple[int, int]:
-    """``(width, height)`` of an image from its header alone (nothing decoded).
-
-    Raises :class:`InputDecodeError` for empty data or a header that cannot be read
-    (truncated, not an accepted format); :class:`InputTooLarge` when the declared
-    size is over Pillow's own decompression-bomb guard.
-    """
-    with _open(data) as img:
-        width, height = img.size
-    if width <= 0 or height <= 0:
-        raise InputDecodeError(f"cannot decode image: size {width}x{height}")
-    return width, height
+# the header reader lives below models/ and sdk/ (input limits are checked before
+# admission with it); re-exported here for the decoders
+__all__ = [
+    "ACCEPTED_FORMATS",
+    "MAX_PIXELS",
+    "decode_image",
+    "encode_png",
+    "image_header_size",
+    "png_base64",
+]
 
 
 def decode_image(data: bytes, *, mode: str = "RGB") -> np.ndarray:
@@ -71,7 +50,7 @@ def decode_image(data: bytes, *, mode: str = "RGB") -> np.ndarray:
     limits at validation).
     """
     try:
-        with _open(data) as img:
+        with open_header(data) as img:
             if img.width * img.height > MAX_PIXELS:
                 raise InputDecodeError(
                     f"image too large: {img.width}x{img.height} pixels (at most {MAX_PIXELS})"
@@ -81,7 +60,7 @@ def decode_image(data: bytes, *, mode: str = "RGB") -> np.ndarray:
         raise InputDecodeError(f"image too large: {exc.message}") from None
     except InputDecodeError:
         raise
-    except (*_OPEN_ERRORS, Image.DecompressionBombError) as exc:
+    except (*OPEN_ERRORS, Image.DecompressionBombError) as exc:
         raise InputDecodeError(f"cannot decode image: {exc}") from exc
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.model_api.base import Model, ModelLoadError
 from mortred_twisted.models.schemas import FAKE_OUTPUT
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 

@@ -6,7 +6,7 @@ each worker's model lives in its own child process (``multiprocessing`` *spawn*
 context, so no forked reactor state): the server's model thread only blocks on a
 pipe (GIL released) while the child does the work with its own interpreter.
 
-:class:`IsolatedModel` is a :class:`~mortred_twisted.models.base.Model` proxy, so the
+:class:`IsolatedModel` is a :class:`~mortred_twisted.model_api.base.Model` proxy, so the
 worker pool, runner and sync path are unchanged. Protocol over one duplex pipe
 (pickled tuples):
 
@@ -49,7 +49,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InputDecodeError,
     InvalidRequest,

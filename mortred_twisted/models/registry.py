@@ -1,6 +1,8 @@
 """Model families by name, imported lazily.
 
-The server TOML's ``[model] type`` picks an entry here. Entries are ``module:attr``
+The server TOML's ``[model] type`` picks an entry of
+:data:`~mortred_twisted.model_api.builtins.MODEL_FACTORIES` (the table lives below
+``models/`` and ``sdk/``, which both read it). Entries are ``module:attr``
 strings so that importing the registry (and scanning twistd plugins) never imports
 torch; the module is imported only when a server actually builds that model.
 The attribute is a :class:`~mortred_twisted.sdk.ServedModel` class (a family declared
@@ -15,32 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import Model, ModelLoadError
-from mortred_twisted.models.input_limits import split_input_limits, takes_input_limits
-
-MODEL_FACTORIES: Mapping[str, str] = {
-    "fake": "mortred_twisted.models.fake:FakeModel",
-    "DDPM": "mortred_twisted.models.diffusion.ddpm:DdpmModel",
-    "DDIM": "mortred_twisted.models.diffusion.ddim:DdimModel",
-    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:ClsCondDdimModel",
-    "LDM": "mortred_twisted.models.diffusion.ldm:LdmModel",
-    # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
-    # as a type and builds the same transformers image classifier.
-    "MOBILENETV2": (
-        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
-    ),
-    "IMAGE_CLASSIFICATION": (
-        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
-    ),
-    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
-    "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
-    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
-    "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
-    "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
-}
-
-#: Built-in types whose models are SDK models (named inputs, multipart forms).
-SDK_TYPES: frozenset[str] = frozenset({"transformers", "diffusers"})
+from mortred_twisted.model_api.base import Model, ModelLoadError
+from mortred_twisted.model_api.builtins import MODEL_FACTORIES, SDK_TYPES
+from mortred_twisted.model_api.input_limits import split_input_limits, takes_input_limits
 
 
 def known_model_types() -> list[str]:
@@ -52,7 +31,7 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
 
     The input limits (``max_images``, ``max_pixels``) are taken out of ``options``
     before the family sees them and set on the instance (``Model.input_limits``; the
-    type's default when absent, see :mod:`mortred_twisted.models.input_limits`).
+    type's default when absent, see :mod:`mortred_twisted.model_api.input_limits`).
 
     Raises :class:`ModelLoadError` for an unknown type, a family that cannot be
     imported or a bad limit; the family's own loading errors propagate unchanged.
@@ -116,3 +95,13 @@ def create_sdk_model(model_type: str, options: Mapping[str, Any], root: Path) ->
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     return build_sdk_model(cls, options, root, input_limits=limits)
+
+
+__all__ = [
+    "MODEL_FACTORIES",
+    "SDK_TYPES",
+    "create_model",
+    "create_sdk_model",
+    "known_model_types",
+    "refuse_entry_point_clash",
+]

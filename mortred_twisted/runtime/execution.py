@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.models.isolated import PreEncoded
 
 

@@ -28,7 +28,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.execution import (
     EncodedResult,

@@ -30,7 +30,7 @@ from mortred_twisted.jobs.status import retry_after_s
 from mortred_twisted.jobs.store import JobStore
 from mortred_twisted.jobs.webhooks import secret_key
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import InferenceRequest, Model
+from mortred_twisted.model_api.base import InferenceRequest, Model
 from mortred_twisted.models.isolated import IsolatedModel
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.models.threads import apply_torch_threads, torch_threads_for

@@ -43,7 +43,7 @@ from twisted.logger import Logger
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import Claim, JobStore, Maybe, settle, then
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InputDecodeError,
     Model,

@@ -1,6 +1,6 @@
 """Step batching on the reactor side: one batch loop per step-batching model instance.
 
-A model with ``run_capacity > 1`` offers a :class:`~mortred_twisted.models.base.StepBatch`
+A model with ``run_capacity > 1`` offers a :class:`~mortred_twisted.model_api.base.StepBatch`
 (the denoising steps of concurrent diffusion jobs, for one): the job runner and the
 sync path then call :func:`run_model`, which hands the run to the instance's
 :class:`StepLoop` instead of a thread of its own. The loop runs on the model thread
@@ -42,7 +42,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     Model,
     RunContext,

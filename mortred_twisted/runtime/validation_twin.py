@@ -163,7 +163,7 @@ def parse_twin(raw: Any, config: ServerConfig) -> ParsedTwin:
             None, f"the replica ran with other settings than the server file: {', '.join(differ)}"
         )
     try:
-        from mortred_twisted.models.input_limits import InputLimits
+        from mortred_twisted.model_api.input_limits import InputLimits
         from mortred_twisted.sdk.adapter import SdkModel
         from mortred_twisted.sdk.declaration import Declaration
 

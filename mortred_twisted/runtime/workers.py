@@ -6,7 +6,7 @@ a long diffusion job and a burst of ``/infer`` calls compete for the same instan
 first come, first served.
 
 A worker that declares ``run_capacity = n`` (a step-batching model, see
-``models/base.py``) is n slots: it may be leased n times at once, and ``size``,
+``model_api/base.py``) is n slots: it may be leased n times at once, and ``size``,
 ``available`` and ``busy`` count slots. Slots of several such workers are handed
 out in turn.
 

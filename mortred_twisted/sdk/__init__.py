@@ -17,7 +17,7 @@ model may raise on purpose (:class:`InvalidRequest` → 422, :class:`InputDecode
 (:class:`DeclarationError`, a :class:`ModelLoadError`).
 """
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InputDecodeError,
     InvalidRequest,
     ModelLoadError,

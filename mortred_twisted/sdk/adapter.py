@@ -1,5 +1,5 @@
 """``SdkModel``: a user's :class:`~mortred_twisted.sdk.served.ServedModel` behind the
-server's :class:`~mortred_twisted.models.base.Model` interface.
+server's :class:`~mortred_twisted.model_api.base.Model` interface.
 
 The worker pool, the job runner, the sync path, step batching and process isolation
 see an ordinary ``Model``; this adapter translates:
@@ -40,7 +40,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.sdk.context import Context
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.sdk.media import File, Image
@@ -286,7 +286,7 @@ _VERBATIM = _Verbatim()
 def _twin_from_json(
     declaration_json: str, limits: tuple[int | None, int | None] | None
 ) -> SdkModel:
-    from mortred_twisted.models.input_limits import InputLimits
+    from mortred_twisted.model_api.input_limits import InputLimits
 
     declaration = Declaration.from_json(json.loads(declaration_json))
     input_limits = None if limits is None else InputLimits(*limits)

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from mortred_twisted.models.base import InvalidRequest
+from mortred_twisted.model_api.base import InvalidRequest
 from mortred_twisted.sdk.declaration import (
     Declaration,
     DeclarationError,

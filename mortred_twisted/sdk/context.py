@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.base import RunContext
+    from mortred_twisted.model_api.base import RunContext
 
 EVENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 #: Event names the server itself sends on a job's stream.
@@ -40,7 +40,7 @@ class Context:
         log: Callable[[str], None] | None = None,
     ) -> None:
         if run is None:
-            from mortred_twisted.models.base import RunContext
+            from mortred_twisted.model_api.base import RunContext
 
             run = RunContext()
         self._run = run
@@ -58,7 +58,7 @@ class Context:
         self._run.progress(step, total)
 
     def check_cancelled(self) -> None:
-        """Raise :class:`~mortred_twisted.models.base.RunCancelled` once the job was
+        """Raise :class:`~mortred_twisted.model_api.base.RunCancelled` once the job was
         cancelled (or its client left); call it between steps."""
         self._run.check_cancelled()
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.sdk.context import Context
 from mortred_twisted.sdk.media import File, Image
 
@@ -343,7 +343,7 @@ def _input_kind(model: str, name: str, annotation: Any) -> tuple[str, bool]:
 
 def _check_value(model: str, decl: InputDecl, value: Any, what: str) -> Any:
     """A default (or a choice) checked against the input's own constraints."""
-    from mortred_twisted.models.base import InvalidRequest
+    from mortred_twisted.model_api.base import InvalidRequest
     from mortred_twisted.sdk.validation import check_scalar
 
     try:

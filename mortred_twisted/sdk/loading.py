@@ -16,7 +16,7 @@ A type names one of:
 :class:`~mortred_twisted.sdk.served.ServedModel` subclass; :func:`build_sdk_model`
 makes one instance, sets its options and root, runs ``setup`` and wraps it in a
 :class:`~mortred_twisted.sdk.adapter.SdkModel`. Every failure is a
-:class:`~mortred_twisted.models.base.ModelLoadError` naming the type and the reason
+:class:`~mortred_twisted.model_api.base.ModelLoadError` naming the type and the reason
 (an import error keeps its traceback as its cause, for the log).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.config.server import is_file_target
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.sdk.declaration import Declaration, declare
 
 ENTRY_POINT_GROUP = "mortred_twisted.models"
@@ -99,7 +99,7 @@ def resolve_target(model_type: str, base: Path | None = None) -> str:
         return f"{path}:{attr}"
     if is_import_target(model_type):
         return model_type
-    from mortred_twisted.models.registry import MODEL_FACTORIES
+    from mortred_twisted.model_api.builtins import MODEL_FACTORIES
 
     registered = entry_point_names()
     if model_type in registered:
@@ -155,7 +155,7 @@ def load_served_class(model_type: str, base: Path | None = None) -> type:
 
 
 def _builtin_targets() -> set[str]:
-    from mortred_twisted.models.registry import MODEL_FACTORIES
+    from mortred_twisted.model_api.builtins import MODEL_FACTORIES
 
     return set(MODEL_FACTORIES.values())
 

@@ -168,12 +168,12 @@ class Image(File):
     def to_pil(self, mode: str | None = None) -> Any:
         """The decoded picture (Pillow), converted to ``mode`` when given.
 
-        Raises :class:`~mortred_twisted.models.base.InputDecodeError` (HTTP 400) when
+        Raises :class:`~mortred_twisted.model_api.base.InputDecodeError` (HTTP 400) when
         the bytes are not a picture."""
         from PIL import Image as PILImage
         from PIL import UnidentifiedImageError
 
-        from mortred_twisted.models.base import InputDecodeError
+        from mortred_twisted.model_api.base import InputDecodeError
 
         try:
             picture = PILImage.open(io.BytesIO(self._data))

@@ -9,7 +9,7 @@ acceptance guide (T1–T16) unchanged; any ``ServedModel`` may choose it with
   ``images: at least one image is required``; their count and pixels are checked
   from their headers against the input limits (413). A model without an image
   input ignores ``images``.
-* ``params`` are checked by the seed's rules (:func:`~mortred_twisted.models.params.
+* ``params`` are checked by the seed's rules (:func:`~mortred_twisted.model_api.params.
   validate_params` over the scalar inputs): an unknown key is ``unknown parameter
   (did you mean …); accepted: …``, an input whose default is None is absent unless
   given, the others get their default. A renamed input is accepted under its former
@@ -31,12 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest
-from mortred_twisted.models.params import ParamSpec, validate_params
+from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest
+from mortred_twisted.model_api.params import ParamSpec, validate_params
 from mortred_twisted.sdk.declaration import Declaration, DeclarationError
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.input_limits import InputLimits
+    from mortred_twisted.model_api.input_limits import InputLimits
 
 SEED = "mortred-v1"
 _KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
@@ -104,7 +104,7 @@ def validate_seed(
         if images.required and not request.images:
             raise InvalidRequest("images", "at least one image is required")
         if limits is not None and request.images:
-            from mortred_twisted.models.input_limits import check_input_limits
+            from mortred_twisted.model_api.input_limits import check_input_limits
 
             check_input_limits(request.images, limits)
     raw: Any = request.params

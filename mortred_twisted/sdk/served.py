@@ -11,8 +11,8 @@ Lifecycle and threads:
 * :meth:`predict` (or :meth:`predict_batch`) runs on a worker thread, one call at a
   time per instance; inputs arrive as keyword arguments, already validated against
   the declaration (see ``sdk/declaration.py``). It may raise
-  :class:`~mortred_twisted.models.base.InvalidRequest` (422) or
-  :class:`~mortred_twisted.models.base.InputDecodeError` (400); any other exception
+  :class:`~mortred_twisted.model_api.base.InvalidRequest` (422) or
+  :class:`~mortred_twisted.model_api.base.InputDecodeError` (400); any other exception
   fails the job (500, its type and message in the answer).
 * :meth:`predict_batch` (optional) serves several requests of the sync path in one
   call: ``items`` are the keyword arguments of each request, the answer a list of the

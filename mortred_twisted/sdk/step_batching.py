@@ -1,5 +1,5 @@
 """Step batching for a served model: its instance's batch behind the server's
-:class:`~mortred_twisted.models.base.StepBatch` contract.
+:class:`~mortred_twisted.model_api.base.StepBatch` contract.
 
 A served instance that steps runs together defines ``run_capacity`` (an int above
 1: its places in the worker pool) and ``step_batch()``: an object with
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mortred_twisted.models.base import InferenceRequest, RunContext, StepBatch
+from mortred_twisted.model_api.base import InferenceRequest, RunContext, StepBatch
 
 if TYPE_CHECKING:
     from mortred_twisted.sdk.adapter import SdkModel

@@ -12,12 +12,12 @@ envelope's ``images``, and returns:
 * the bytes those references index, in order: they travel as the request's
   ``images`` (raw bytes on the Redis wire, never base64 in JSON).
 
-Every problem raises :class:`~mortred_twisted.models.base.InvalidRequest` naming
+Every problem raises :class:`~mortred_twisted.model_api.base.InvalidRequest` naming
 ``params.<input>`` (``params.<input>[i]`` for a list item): unknown key (with the
 closest name), required input missing, wrong type, bound, choice, length, item count.
 Image inputs are checked from their headers against the model's input limits
-(:class:`~mortred_twisted.models.base.InputTooLarge`, 413; an unreadable header is
-:class:`~mortred_twisted.models.base.InputDecodeError`, 400).
+(:class:`~mortred_twisted.model_api.base.InputTooLarge`, 413; an unreadable header is
+:class:`~mortred_twisted.model_api.base.InputDecodeError`, 400).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mortred_twisted.models.base import InputDecodeError, InputTooLarge, InvalidRequest
+from mortred_twisted.model_api.base import InputDecodeError, InputTooLarge, InvalidRequest
 from mortred_twisted.sdk.media import IMAGE_CONTENT_TYPES, sniff_image_type
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.input_limits import InputLimits
+    from mortred_twisted.model_api.input_limits import InputLimits
     from mortred_twisted.sdk.declaration import Declaration, InputDecl
 
 FILE_REF = "$file"
@@ -164,7 +164,7 @@ class _Files:
     def check_images(self) -> None:
         if self.limits is None or not self.images:
             return
-        from mortred_twisted.models.input_limits import InputLimits, check_input_limits
+        from mortred_twisted.model_api.input_limits import InputLimits, check_input_limits
 
         if self.limits.max_images is not None and len(self.images) > self.limits.max_images:
             check_input_limits([b for _, b in self.images], self.limits)  # raises 413

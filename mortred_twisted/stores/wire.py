@@ -1,6 +1,6 @@
 """The request payload of a job on the wire of a shared store (pure).
 
-A validated :class:`~mortred_twisted.models.base.InferenceRequest` as bytes::
+A validated :class:`~mortred_twisted.model_api.base.InferenceRequest` as bytes::
 
     b"MJ1" | 4-byte big-endian length of the head | head (compact JSON:
     {"r": req_id, "p": params, "n": [length of each image], "f": 1 only when the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 
 MAGIC = b"MJ1"
 _HEAD_LEN = 4

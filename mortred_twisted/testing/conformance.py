@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import InvalidRequest, ModelLoadError
+from mortred_twisted.model_api.base import InvalidRequest, ModelLoadError
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.testing.harness import ModelHarness, RunResult, Target, target_name
 from mortred_twisted.testing.output_checks import monotone, output_problems, result_problems

@@ -34,8 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest, RunCancelled, RunContext
-from mortred_twisted.models.input_limits import split_input_limits
+from mortred_twisted.model_api.base import (
+    InferenceRequest,
+    InvalidRequest,
+    RunCancelled,
+    RunContext,
+)
+from mortred_twisted.model_api.input_limits import split_input_limits
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.sdk.loading import declaration_of, load_served_class
@@ -52,12 +57,12 @@ HARNESS_JOB_ID = "job_harness"
 def load_target(target: Target, base: Path | None = None) -> type:
     """The ServedModel class ``target`` names (a class is returned as is); a relative
     ``file.py`` is taken from ``base`` (default: the current directory). Raises
-    :class:`~mortred_twisted.models.base.ModelLoadError`."""
+    :class:`~mortred_twisted.model_api.base.ModelLoadError`."""
     if isinstance(target, type):
         from mortred_twisted.sdk.served import ServedModel
 
         if not issubclass(target, ServedModel):
-            from mortred_twisted.models.base import ModelLoadError
+            from mortred_twisted.model_api.base import ModelLoadError
 
             raise ModelLoadError(f"{target!r} is not a mortred_twisted.sdk.ServedModel subclass")
         return target
@@ -253,7 +258,7 @@ class ModelHarness:
     def validate(self, params: Mapping[str, Any] | None = None, **inputs: Any) -> dict[str, Any]:
         """The normalised params (defaults filled in; binary inputs as file references),
         checked exactly as the server checks a submit: raises
-        :class:`~mortred_twisted.models.base.InvalidRequest` (``field``, ``message``;
+        :class:`~mortred_twisted.model_api.base.InvalidRequest` (``field``, ``message``;
         the server answers 422 ``"invalid request: <field>: <message>"``),
         ``InputTooLarge`` (413) or ``InputDecodeError`` (400). Never runs ``setup``."""
         merged = {**(params or {}), **inputs}

@@ -35,7 +35,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.model_api.base import Model, ModelLoadError
 from mortred_twisted.sdk.media import File
 from mortred_twisted.testing.harness import Target, load_target, target_name
 
@@ -176,7 +176,7 @@ class MemoryServer:
         from mortred_twisted.testing.memory_http import MemoryClient
 
         def build(model_type: str, options: Mapping[str, Any], root: Path) -> Model:
-            from mortred_twisted.models.input_limits import split_input_limits
+            from mortred_twisted.model_api.input_limits import split_input_limits
             from mortred_twisted.sdk.loading import build_sdk_model
 
             limits, rest = split_input_limits(model_type, options)

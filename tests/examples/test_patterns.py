@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from mortred_twisted.models.base import RunCancelled
+from mortred_twisted.model_api.base import RunCancelled
 from mortred_twisted.testing import MemoryServer, ModelHarness, conformance
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "patterns"

@@ -24,7 +24,7 @@ from mortred_twisted.config.server import ServerConfig, build_server_config
 from mortred_twisted.gateway.admission import ColdAdmission, HeadlessJobs, LocalResponse
 from mortred_twisted.gateway.routing import Route, RouteKind
 from mortred_twisted.jobs.states import JobState
-from mortred_twisted.models.base import InferenceRequest, Model
+from mortred_twisted.model_api.base import InferenceRequest, Model
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.runtime.validation_twin import (
     parse_twin,

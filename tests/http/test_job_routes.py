@@ -8,7 +8,7 @@ from typing import Any
 from twisted.web.test.requesthelper import DummyRequest
 
 from mortred_twisted.jobs.states import JobState
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.runtime.job_events import events_counter
 from tests.http.test_model_server_app import make_app
 

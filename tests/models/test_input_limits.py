@@ -25,8 +25,7 @@ from mortred_twisted.http.errors import ENTITY_TOO_LARGE, to_api_error
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models import codec
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InputDecodeError,
     InputTooLarge,
@@ -34,12 +33,13 @@ from mortred_twisted.models.base import (
     ModelLoadError,
     RunContext,
 )
-from mortred_twisted.models.input_limits import (
+from mortred_twisted.model_api.input_limits import (
     DEFAULT_INPUT_LIMITS,
     GENERIC_INPUT_LIMITS,
     InputLimits,
     split_input_limits,
 )
+from mortred_twisted.models import codec
 from mortred_twisted.models.isolated import validation_twin
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.runtime.model_runtime import ModelRuntime

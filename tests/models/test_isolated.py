@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InvalidRequest,
     RunCancelled,

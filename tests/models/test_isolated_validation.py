@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest
 from mortred_twisted.models import fake
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest
 from mortred_twisted.models.isolated import IsolatedModel, validation_twin
 
 OPTIONS = {"fake_delay_ms": 0, "fake_steps": 2}

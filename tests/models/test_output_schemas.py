@@ -24,7 +24,7 @@ from mortred_twisted.config.catalog import CatalogEntry, discover
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.openapi import build_openapi
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.models.registry import MODEL_FACTORIES, SDK_TYPES, create_model
 from mortred_twisted.models.schemas import CLASSIFICATION_OUTPUT, DETECTION_OUTPUT
 from mortred_twisted.runtime.execution import (

@@ -8,7 +8,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import InferenceRequest, InputDecodeError, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, InputDecodeError, Model, RunContext
 from mortred_twisted.runtime.inference import QueueFull, RunTimeout, SyncInference
 from mortred_twisted.runtime.workers import WorkerPool
 from tests.fakes.threads import HandThreads

@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.runtime.runner import SHUTDOWN_ERROR, JobRunner
 from mortred_twisted.runtime.workers import WorkerPool

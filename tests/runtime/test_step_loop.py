@@ -13,7 +13,7 @@ from twisted.python.failure import Failure
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.metrics.server import ServerMetrics
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     Model,
     RunCancelled,

@@ -24,7 +24,7 @@ from twisted.internet.task import deferLater
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.store import settle
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.stores.redis_scripts import job_key, key_prefix
 from tests.fakes.threads import HandThreads

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mortred_twisted.models.base import InferenceRequest, RunCancelled, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, RunCancelled, RunContext
 from mortred_twisted.sdk import Context, File, Image, Input, ServedModel
 from mortred_twisted.sdk.loading import build_sdk_model, load_served_class
 
@@ -159,7 +159,7 @@ def test_a_batch_of_the_wrong_length_fails_every_item_with_a_reason() -> None:
 
 def test_setup_failures_and_bad_targets_are_load_errors(tmp_path) -> None:
     """setup raising, a missing file or class, a non-ServedModel: clear load errors."""
-    from mortred_twisted.models.base import ModelLoadError
+    from mortred_twisted.model_api.base import ModelLoadError
 
     class Broken(ServedModel):
         def setup(self) -> None:
@@ -188,7 +188,7 @@ def test_an_entry_point_named_like_a_built_in_is_refused(monkeypatch) -> None:
     """A package registering 'DDPM' cannot shadow the built-in type."""
     import importlib.metadata
 
-    from mortred_twisted.models.base import ModelLoadError
+    from mortred_twisted.model_api.base import ModelLoadError
     from mortred_twisted.sdk import loading
 
     ep = importlib.metadata.EntryPoint("DDPM", "x.y:Z", loading.ENTRY_POINT_GROUP)

@@ -31,7 +31,7 @@ def test_a_built_in_name_another_package_registers_is_refused_at_start(monkeypat
     """A server of type DDPM does not start while another package registers DDPM."""
     import pytest
 
-    from mortred_twisted.models.base import ModelLoadError
+    from mortred_twisted.model_api.base import ModelLoadError
     from mortred_twisted.models.registry import create_model
     from mortred_twisted.sdk import loading
 

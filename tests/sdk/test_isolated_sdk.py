@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import InferenceRequest, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, RunContext
 from mortred_twisted.models.isolated import IsolatedModel
 
 MODEL = '''

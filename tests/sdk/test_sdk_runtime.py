@@ -7,7 +7,7 @@ import json
 from twisted.internet.task import Clock
 
 from mortred_twisted.config.server import build_server_config
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from tests.fakes.threads import HandThreads
 from tests.sdk import sdk_batching_model

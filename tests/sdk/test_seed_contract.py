@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest, RunContext
-from mortred_twisted.models.params import ParamSpec, validate_params
+from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest, RunContext
+from mortred_twisted.model_api.params import ParamSpec, validate_params
 from mortred_twisted.sdk import Context, DeclarationError, File, Image, Input, ServedModel
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.declaration import Declaration, declare

@@ -8,8 +8,8 @@ import io
 import pytest
 from PIL import Image as PILImage
 
-from mortred_twisted.models.base import InputDecodeError, InputTooLarge, InvalidRequest
-from mortred_twisted.models.input_limits import InputLimits
+from mortred_twisted.model_api.base import InputDecodeError, InputTooLarge, InvalidRequest
+from mortred_twisted.model_api.input_limits import InputLimits
 from mortred_twisted.sdk import File, Image, Input, ServedModel
 from mortred_twisted.sdk.declaration import declare
 from mortred_twisted.sdk.validation import FILE_REF, Upload, validate_inputs

@@ -22,7 +22,7 @@ from mortred_twisted.config.server import parse_redis_url
 from mortred_twisted.jobs.ledger import AsyncJobTable
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import StoreUnavailable, settle
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.runtime.counters import NamedCounters
 from mortred_twisted.stores.memory_store import MemoryJobStore
 from mortred_twisted.stores.redis_link import RedisLink

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mortred_twisted.models.base import InferenceRequest
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.stores.wire import MAGIC, decode_request, encode_request
 
 REQ = InferenceRequest(

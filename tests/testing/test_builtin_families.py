@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mortred_twisted.cli.mortredctl import main
-from mortred_twisted.models.base import InvalidRequest
+from mortred_twisted.model_api.base import InvalidRequest
 from mortred_twisted.models.fake import FakeModel
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.sdk.adapter import SdkModel

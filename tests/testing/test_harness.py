@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import InvalidRequest, ModelLoadError, RunCancelled
+from mortred_twisted.model_api.base import InvalidRequest, ModelLoadError, RunCancelled
 from mortred_twisted.sdk import File, Image
 from mortred_twisted.testing import ModelHarness
 from mortred_twisted.testing.conformance import tiny_png

@@ -3,7 +3,7 @@ conformance check, each a Deferred."""
 
 from __future__ import annotations
 
-from mortred_twisted.models.base import InvalidRequest, RunCancelled
+from mortred_twisted.model_api.base import InvalidRequest, RunCancelled
 from mortred_twisted.testing.conformance import ConformanceError, tiny_png
 from mortred_twisted.testing.harness import RunResult
 from mortred_twisted.testing.trial import ModelTestCase

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, ModelLoadError, RunContext
 from mortred_twisted.models.diffusion.judge import DigitJudge
 from mortred_twisted.models.diffusion.manifest import sha256_file
 from mortred_twisted.models.registry import create_model

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.models.segment_anything.sam_amg import overlay, rle_to_mask

@@ -13,7 +13,7 @@ Contract: :func:`verified_directory` returns the resolved directory only when ea
 the files the loader reads exists, is listed in ``manifest.json`` and matches its size
 and sha256 (the manifest format of the diffusion pipelines,
 :mod:`mortred_twisted.models.diffusion.manifest`). Otherwise it raises
-:class:`~mortred_twisted.models.base.ModelLoadError` naming the file; the server then
+:class:`~mortred_twisted.model_api.base.ModelLoadError` naming the file; the server then
 stays not ready. Loading uses ``local_files_only=True``: nothing is downloaded.
 
 A checkpoint downloaded elsewhere (e.g. ``facebook/sam-vit-base``) is vetted once and
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.classification.weights import resolve_path
 from mortred_twisted.models.diffusion.manifest import (
     ManifestError,

@@ -9,7 +9,7 @@ Trained weights live under ``weights/perception/`` next to a ``manifest.json``::
 Contract: :func:`load_verified_checkpoint` returns a checkpoint only if the file
 exists, is listed in the manifest next to it, has the listed size and sha256, and
 was trained for the expected model type. Anything else raises
-:class:`~mortred_twisted.models.base.ModelLoadError` naming the file and the command
+:class:`~mortred_twisted.model_api.base.ModelLoadError` naming the file and the command
 that rebuilds it: a server never starts with random or unverified weights.
 Checkpoints are loaded with ``torch.load(weights_only=True)`` (no pickled code).
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 
 MANIFEST_NAME = "manifest.json"
 

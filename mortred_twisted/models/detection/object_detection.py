@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from PIL import Image as PILImage
 
-from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
+from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.image_classification import class_names
 from mortred_twisted.models.classification.pretrained import (
     load_processor,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image as PILImage
 
-from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
+from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.weights import (
     load_state,
     load_verified_checkpoint,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 
 #: pipeline class -> (its layout, the tasks it serves; the first is ``task = "auto"``)
 PIPELINE_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mortred_twisted.models.base import InvalidRequest
+from mortred_twisted.model_api.base import InvalidRequest
 from mortred_twisted.models.diffusers_pipelines.sampling import Generated
 from mortred_twisted.models.diffusion.schedulers import NAMES
 from mortred_twisted.sdk import Context, Image, Input, ServedModel

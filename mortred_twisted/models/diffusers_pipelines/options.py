@@ -13,7 +13,7 @@ Keys of the server file's ``[model]`` table:
 * ``attention_slicing``, ``vae_tiling``: diffusers' memory savers (off by default);
 * ``scheduler``, ``sample_steps``, ``guidance_scale``: the request defaults;
 * ``max_num_images``: the bound on ``params.num_images`` (``max_images`` is the
-  input-limit key of image inputs, see models/input_limits.py);
+  input-limit key of image inputs, see model_api/input_limits.py);
 * ``max_width``, ``max_height``: bounds on ``params.width``/``height`` (default: twice
   the checkpoint's native size);
 * ``max_running_jobs``: text-to-image runs one instance steps together (its slots in

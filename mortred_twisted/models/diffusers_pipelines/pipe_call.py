@@ -82,7 +82,7 @@ def conditioned(model: ImageToImage, ctx: Context, kwargs: Mapping[str, Any]) ->
     if "mask" in kwargs:
         mask = kwargs["mask"].to_pil("L")
         if mask.size != kwargs["image"].to_pil().size:
-            from mortred_twisted.models.base import InvalidRequest
+            from mortred_twisted.model_api.base import InvalidRequest
 
             raise InvalidRequest(
                 "params.mask", f"is {mask.size[0]}x{mask.size[1]}; the image is "

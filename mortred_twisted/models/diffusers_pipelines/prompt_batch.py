@@ -2,7 +2,7 @@
 
 :class:`PromptBatch` is the model side of step batching for the Stable Diffusion
 layout (the server side is ``runtime/step_loop.py``; ``sdk/step_batching.py`` adapts it to
-the :class:`~mortred_twisted.models.base.StepBatch` contract). Each run keeps what
+the :class:`~mortred_twisted.model_api.base.StepBatch` contract). Each run keeps what
 makes it its own run, exactly as a run alone has it: its scheduler object (any of
 the solvers we ship, any step count), its CPU generator (its seed: the initial
 noise and every stochastic step), its latents, prompt embeddings and guidance
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mortred_twisted.models.base import ModelError
+from mortred_twisted.model_api.base import ModelError
 from mortred_twisted.models.diffusers_pipelines import sampling
 from mortred_twisted.sdk import Context
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import InvalidRequest
+from mortred_twisted.model_api.base import InvalidRequest
 from mortred_twisted.models.diffusion import schedulers
 from mortred_twisted.sdk import Context, Image
 

@@ -2,7 +2,7 @@
 
 :class:`DenoiseBatch` is the model side of step batching (the reactor side is
 ``runtime/step_loop.py``; ``sdk/step_batching.py`` hands it to the server: the
-:class:`~mortred_twisted.models.base.StepBatch` contract in ``predict``'s terms, a run
+:class:`~mortred_twisted.model_api.base.StepBatch` contract in ``predict``'s terms, a run
 joins with its SDK :class:`~mortred_twisted.sdk.Context` and its params). Each run
 keeps everything that makes it *its own* run, exactly as a run
 alone has it: its diffusers scheduler object (any scheduler, step count, ``eta``),
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import ModelError
+from mortred_twisted.model_api.base import ModelError
 from mortred_twisted.models.diffusion import schedulers
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import Model
+from mortred_twisted.model_api.base import Model
 from mortred_twisted.models.diffusion import inputs
 from mortred_twisted.models.diffusion.service import DiffusionModel
 from mortred_twisted.sdk import Context

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusion.options import DiffusionOptions, read_options
 from mortred_twisted.models.diffusion.pipeline import (
     LoadedPipeline,

@@ -20,7 +20,7 @@ Served components:
 Contract: :func:`load_pipeline` never reaches the network (``local_files_only`` and
 ``HF_HUB_OFFLINE``), checks every file it reads against the directory's sha256
 manifest (:mod:`~mortred_twisted.models.diffusion.manifest`) before reading it, and
-raises :class:`~mortred_twisted.models.base.ModelLoadError` naming the file on any
+raises :class:`~mortred_twisted.model_api.base.ModelLoadError` naming the file on any
 problem (missing, unlisted, tampered, unsupported component, unreadable weights).
 Loaded pipelines are cached per ``(directory, device, dtype)`` so that the
 ``worker_nums`` instances of a server share one read-only copy.
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusion.manifest import ManifestError, read_manifest, verify_files
 
 DENOISER_FOLDERS = ("unet", "transformer")

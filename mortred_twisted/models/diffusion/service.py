@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.codec import png_base64
 from mortred_twisted.models.diffusion import inputs, schedulers
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, run_together

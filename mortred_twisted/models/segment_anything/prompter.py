@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 
 
 @dataclass(frozen=True)

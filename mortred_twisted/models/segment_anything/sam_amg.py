@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mortred_twisted.models.base import InputDecodeError, Model, ModelLoadError
+from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
 from mortred_twisted.models.classification.pretrained import (
     load_processor,
     quiet_transformers,

@@ -7,7 +7,7 @@ A task model is a :class:`~mortred_twisted.sdk.ServedModel` whose ``setup`` call
   hold ``config.json``, the weights (``model.safetensors``, a sharded
   ``model.safetensors.index.json`` or ``pytorch_model.bin``) and the image processor's
   ``preprocessor_config.json``; a missing part is a
-  :class:`~mortred_twisted.models.base.ModelLoadError` naming it
+  :class:`~mortred_twisted.model_api.base.ModelLoadError` naming it
   (:func:`check_directory`);
 * everything is read with ``local_files_only=True``: nothing is downloaded; the image
   processor is the PIL one (torchvision is not needed);
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import InvalidRequest, ModelLoadError
+from mortred_twisted.model_api.base import InvalidRequest, ModelLoadError
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"

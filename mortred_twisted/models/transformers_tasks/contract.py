@@ -27,7 +27,7 @@ directory's ``manifest.json`` (sha256 of each file) is required, as for the ship
 entries, and the family's options are accepted (``model_score_threshold``,
 ``model_nms_threshold``, ``model_keep_top_k`` for detection; the AMG keys for mask
 generation). A task without a seed contract (zero-shot classification, semantic
-segmentation, depth) is a :class:`~mortred_twisted.models.base.ModelLoadError`
+segmentation, depth) is a :class:`~mortred_twisted.model_api.base.ModelLoadError`
 naming the tasks that have one, as is an unknown contract.
 
 Loader thread only (the families load weights).
@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.model_api.base import Model, ModelLoadError
 
 #: The option that selects the contract, and its values.
 CONTRACT_OPTION = "contract"

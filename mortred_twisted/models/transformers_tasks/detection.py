@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.transformers_tasks.common import (
     COMMON_OPTIONS,
     check_options,

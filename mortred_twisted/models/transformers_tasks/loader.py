@@ -9,7 +9,7 @@ own module (:data:`TASKS`), built with
 declared by its ``predict`` signature, and it is served like any SDK model (named
 inputs, multipart forms, result files, the UI form). An unknown task, a directory
 without ``config.json``, weights or image processor (or, for the zero-shot task, a
-tokenizer) is a :class:`~mortred_twisted.models.base.ModelLoadError` naming the
+tokenizer) is a :class:`~mortred_twisted.model_api.base.ModelLoadError` naming the
 missing part. ``options["contract"] = "mortred-v1"`` serves the image-classification,
 object-detection and mask-generation tasks with the seed's wire contract instead
 (:mod:`.contract`: the shipped catalog entries' contract, unchanged). Loader thread
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import Model, ModelLoadError
+from mortred_twisted.model_api.base import Model, ModelLoadError
 from mortred_twisted.models.transformers_tasks.common import directory_of, read_config
 
 #: Task name (transformers' pipeline names) -> ``module:Class``.

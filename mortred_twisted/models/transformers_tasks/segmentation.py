@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.transformers_tasks.common import (
     COMMON_OPTIONS,
     check_options,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mortred_twisted.models.base import InvalidRequest, ModelLoadError
+from mortred_twisted.model_api.base import InvalidRequest, ModelLoadError
 from mortred_twisted.models.transformers_tasks.common import (
     COMMON_OPTIONS,
     check_options,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from mortred_twisted.models.base import Model
+from mortred_twisted.model_api.base import Model
 from mortred_twisted.models.registry import create_model
 from tests.models.diffusers_pipelines import builders
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunCancelled, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunCancelled, RunContext
 
 MakeModel = Callable[..., Model]
 

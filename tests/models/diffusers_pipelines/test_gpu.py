@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device visible to torch on this machine"

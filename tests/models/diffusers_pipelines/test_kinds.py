@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InvalidRequest,
     Model,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusers_pipelines.components import inspect_directory
 from mortred_twisted.models.registry import SDK_TYPES, create_model
 

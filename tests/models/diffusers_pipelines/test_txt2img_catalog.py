@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mortred_twisted.config.server import load_server_config
-from mortred_twisted.models.base import InferenceRequest, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, RunContext
 from mortred_twisted.models.registry import create_model
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,12 @@ import pytest
 import torch
 from PIL import Image
 
-from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunCancelled, RunContext
+from mortred_twisted.model_api.base import (
+    InferenceRequest,
+    ModelLoadError,
+    RunCancelled,
+    RunContext,
+)
 from mortred_twisted.models.diffusion import batching
 from mortred_twisted.models.diffusion.batching import DenoiseBatch, SamplingDiverged
 from mortred_twisted.sdk.step_batching import SdkStepBatch

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from mortred_twisted.models.base import InferenceRequest, ModelLoadError, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, ModelLoadError, RunContext
 from mortred_twisted.models.diffusion import manifest as manifest_mod
 from mortred_twisted.models.registry import create_model
 from tests.models.diffusion.conftest import OPTIONS

@@ -13,7 +13,7 @@ import pytest
 
 from mortred_twisted.config.server import ServerConfig
 from mortred_twisted.http.openapi import build_openapi
-from mortred_twisted.models.base import InferenceRequest, InvalidRequest, Model
+from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest, Model
 from mortred_twisted.models.diffusion.schedulers import NAMES
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.seed_contract import sdk_declaration

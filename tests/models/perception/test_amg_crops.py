@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InvalidRequest,
     Model,
@@ -248,7 +248,7 @@ WORST_CASE = """
 import json, resource, sys
 import numpy as np, torch
 sys.path.insert(0, {root!r})
-from mortred_twisted.models.base import InferenceRequest, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, RunContext
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.prompter import Embedded

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mortred_twisted.models.base import (
+from mortred_twisted.model_api.base import (
     InferenceRequest,
     InputDecodeError,
     InvalidRequest,

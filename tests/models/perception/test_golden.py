@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mortred_twisted.models.base import InferenceRequest, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.models.registry import create_model
 from tests.models.perception.conftest import DEMO, ROOT
 from training.perception.metrics import box_iou_np

@@ -17,7 +17,7 @@ import pytest
 
 from mortred_twisted.config.server import load_server_config
 from mortred_twisted.http.openapi import build_openapi
-from mortred_twisted.models.base import InferenceRequest, InputDecodeError, Model, RunContext
+from mortred_twisted.model_api.base import InferenceRequest, InputDecodeError, Model, RunContext
 from mortred_twisted.models.classification.image_classification import ImageClassificationModel
 from mortred_twisted.models.detection.object_detection import ObjectDetectionModel
 from mortred_twisted.models.detection.yolov8 import YoloV8Model

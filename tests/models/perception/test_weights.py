@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mortred_twisted.config.server import load_server_config
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.classification import image_classification, pretrained
 from mortred_twisted.models.classification.weights import (
     load_verified_checkpoint,

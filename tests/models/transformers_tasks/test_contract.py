@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.registry import MODEL_FACTORIES, create_model
 from mortred_twisted.models.transformers_tasks.contract import MORTRED_V1, V1_FAMILIES
 from mortred_twisted.testing.server import Answer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.models.transformers_tasks.loader import TASKS, infer_task
 from tests.models.transformers_tasks import layouts

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mortred_twisted.models.base import ModelLoadError
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusion.manifest import write_manifest
 from mortred_twisted.models.registry import create_model
 from mortred_twisted.models.segment_anything.sam_amg import rle_to_mask
@@ -89,7 +89,7 @@ def test_sam_amg_serves_the_sam_vit_base_layout(layout: Callable[[str], Path], t
     geometry follows the checkpoint's config: 256-px low-resolution masks)."""
     import shutil
 
-    from mortred_twisted.models.base import InferenceRequest, RunContext
+    from mortred_twisted.model_api.base import InferenceRequest, RunContext
 
     directory = tmp_path / "sam"
     shutil.copytree(layout("mask-generation"), directory)
@@ -143,7 +143,7 @@ def test_each_kept_mask_is_resized_once(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_cancel_stops_mask_generation_between_batches() -> None:
     """A job cancelled after its first prompt batch stops there (RunCancelled), with
     progress reported per batch until then."""
-    from mortred_twisted.models.base import InferenceRequest, RunCancelled, RunContext
+    from mortred_twisted.model_api.base import InferenceRequest, RunCancelled, RunContext
 
     model = create_model(
         "transformers", {"pretrained": "weights/perception/sam_amg", **OPEN}, Path.cwd()

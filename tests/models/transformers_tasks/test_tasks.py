@@ -93,7 +93,7 @@ def test_multipart_form_submits_a_picture(layout, serve) -> None:
 def test_a_batch_matches_one_at_a_time_and_a_bad_item_fails_alone(layout) -> None:
     """predict_batch gives each picture what predict gives it; an undecodable picture
     fails its own item only."""
-    from mortred_twisted.models.base import InputDecodeError
+    from mortred_twisted.model_api.base import InputDecodeError
     from mortred_twisted.models.registry import create_model
     from mortred_twisted.sdk import Context
 

@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from mortred_twisted.models.params import ParamSpec, validate_params
+from mortred_twisted.model_api.params import ParamSpec, validate_params
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.input_limits import InputLimits
+    from mortred_twisted.model_api.input_limits import InputLimits
 
 
 class ModelError(Exception):
@@ -61,7 +61,7 @@ class InputDecodeError(ModelError):
 class InputTooLarge(InvalidRequest):
     """The request's images exceed the model's input limits (HTTP 413, code 61):
     ``limit`` is the config key (``max_images``, ``max_pixels``), ``value`` its value
-    (see :mod:`mortred_twisted.models.input_limits`)."""
+    (see :mod:`mortred_twisted.model_api.input_limits`)."""
 
     def __init__(self, field_name: str, message: str, *, limit: str, value: int) -> None:
         super().__init__(field_name, message)
@@ -161,7 +161,7 @@ class Model(abc.ABC):
     #: 1, :meth:`step_batch` must return the instance's batch.
     run_capacity: int = 1
     #: Images per request and pixels per image this instance accepts
-    #: (:class:`~mortred_twisted.models.input_limits.InputLimits`), set from the model
+    #: (:class:`~mortred_twisted.model_api.input_limits.InputLimits`), set from the model
     #: config when the registry builds it; None checks nothing.
     input_limits: InputLimits | None = None
 
@@ -177,7 +177,7 @@ class Model(abc.ABC):
         if self.uses_images and not request.images:
             raise InvalidRequest("images", "at least one image is required")
         if self.uses_images and self.input_limits is not None:
-            from mortred_twisted.models.input_limits import check_input_limits
+            from mortred_twisted.model_api.input_limits import check_input_limits
 
             check_input_limits(request.images, self.input_limits)
         return request.with_params(validate_params(self.params_schema, request.params))

@@ -18,7 +18,7 @@ names), taken out of the options before the model family sees them:
 Defaults per model type: :data:`DEFAULT_INPUT_LIMITS`, else
 :data:`GENERIC_INPUT_LIMITS` (sizing in docs/configuration.md, "Input limits").
 This module imports neither Pillow nor numpy (the config loader uses it); the header
-reader lives in :mod:`mortred_twisted.models.codec`.
+reader lives in :mod:`mortred_twisted.model_api.image_header`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mortred_twisted.models.base import InputDecodeError, InputTooLarge
+from mortred_twisted.model_api.base import InputDecodeError, InputTooLarge
 
 #: The envelope's own cap on images per request (http/envelope.py, 422 above it).
 MAX_IMAGES_CEILING = 64
@@ -132,7 +132,7 @@ def check_input_limits(images: Sequence[bytes], limits: InputLimits) -> None:
         )
     if limits.max_pixels is None:
         return
-    from mortred_twisted.models.codec import image_header_size
+    from mortred_twisted.model_api.image_header import image_header_size
 
     for i, data in enumerate(images):
         try:

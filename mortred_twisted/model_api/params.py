@@ -2,7 +2,7 @@
 
 A model lists :class:`ParamSpec` entries; :func:`validate_params` checks a request's
 ``params`` mapping against them, fills defaults and raises
-:class:`~mortred_twisted.models.base.InvalidRequest` naming the field
+:class:`~mortred_twisted.model_api.base.InvalidRequest` naming the field
 (``params.<name>``) on the first problem: unknown key, wrong type, out of range.
 """
 
@@ -49,7 +49,7 @@ class ParamSpec:
 
 
 def _invalid(name: str, message: str) -> Exception:
-    from mortred_twisted.models.base import InvalidRequest
+    from mortred_twisted.model_api.base import InvalidRequest
 
     return InvalidRequest(f"params.{name}", message)
 
@@ -91,7 +91,7 @@ def validate_params(
     if params is None:
         params = {}
     if not isinstance(params, Mapping):
-        from mortred_twisted.models.base import InvalidRequest
+        from mortred_twisted.model_api.base import InvalidRequest
 
         raise InvalidRequest("params", "must be a JSON object")
     by_name = {spec.name: spec for spec in schema}

@@ -1,0 +1,38 @@
+"""The built-in model types and where their families live (pure data).
+
+Entries are ``module:attr`` strings, imported only when a server builds that type
+(``models/registry.create_model``): listing them never imports torch. The attribute
+is a :class:`~mortred_twisted.sdk.ServedModel` class (a family declared with the
+SDK) or, for the loader types that pick a declaration from a directory
+(``transformers``, ``diffusers``), a factory ``create(options, root) -> Model``.
+``setup.py`` reads this table (without importing the package) to register each name
+as an entry point of this distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MODEL_FACTORIES: Mapping[str, str] = {
+    "fake": "mortred_twisted.models.fake:FakeModel",
+    "DDPM": "mortred_twisted.models.diffusion.ddpm:DdpmModel",
+    "DDIM": "mortred_twisted.models.diffusion.ddim:DdimModel",
+    "CLS_COND_DDIM": "mortred_twisted.models.diffusion.cls_cond_ddim:ClsCondDdimModel",
+    "LDM": "mortred_twisted.models.diffusion.ldm:LdmModel",
+    # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
+    # as a type and builds the same transformers image classifier.
+    "MOBILENETV2": (
+        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+    ),
+    "IMAGE_CLASSIFICATION": (
+        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+    ),
+    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
+    "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
+    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
+    "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
+    "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
+}
+
+#: Built-in types whose models are SDK models (named inputs, multipart forms).
+SDK_TYPES: frozenset[str] = frozenset({"transformers", "diffusers"})
