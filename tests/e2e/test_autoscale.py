@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -106,7 +107,9 @@ def test_a_burst_of_200_jobs_scales_1_to_max_and_back_to_min(tmp_path: Path, red
         assert f'mortred_autoscale_decisions_total{{model="{MODEL}",reason="scale_down"}}' in text
         assert f'mortred_autoscale_desired_replicas{{model="{MODEL}"}} 1.0' in text
         log = "".join(plane.output)
-        assert f"autoscale {MODEL}: 1 -> 3 replicas (scale_up" in log
+        # one decision to max, or two when the first backlog read caught the burst's
+        # start (a loaded VM submits slower): either way a logged scale-up reached max
+        assert re.search(rf"autoscale {MODEL}: [12] -> 3 replicas \(scale_up", log), log[-2000:]
 
 
 def test_idle_to_zero_and_a_cold_start_held_by_the_gateway(tmp_path: Path, redis) -> None:
