@@ -4,7 +4,7 @@
 When every upstream of an autoscaled model id refused the connection (its
 replicas were scaled to zero, or are still starting), the gateway does not answer
 503 at once. A submit, poll, wait or result it can answer itself from the shared
-Redis store is answered there (:mod:`~mortred_twisted.gateway.admission`: a submit
+Redis store is answered there (:mod:`~mortred_twisted.http.gateway_admission`: a submit
 is admitted at once, validated with the model's validation twin, and its 202 says
 so; :meth:`ColdStart.nudge` then asks the supervisor for a replica without holding
 anything). Any other request, and a submit the admission cannot take (no usable
@@ -81,7 +81,7 @@ class ColdStart:
         self.waiting: dict[str, int] = dict.fromkeys(self.settings, 0)
         self.held = 0
         self.refused = 0
-        #: jobs admitted by the gateway itself at zero replicas (gateway/admission.py)
+        #: jobs admitted by the gateway itself at zero replicas (http/gateway_admission.py)
         self.admitted = 0
         self._startup_s: dict[str, float] = {}
         self._nudging: set[str] = set()

@@ -136,7 +136,7 @@ class GatewayMetrics:
         """Export a :class:`~mortred_twisted.gateway.cold_start.ColdStart`'s counts as
         ``mortred_gateway_cold_start_requests_total{outcome}``: ``held`` (until a
         replica was ready), ``refused`` (503 beyond the bounds), ``admitted`` (jobs
-        admitted here at zero replicas, gateway/admission.py)."""
+        admitted here at zero replicas, http/gateway_admission.py)."""
         self.registry.register(_ColdStartCollector(cold))
 
     def render(self) -> bytes:

@@ -174,7 +174,7 @@ class GatewayApp:
         self.catalog = catalog
         #: holds requests for autoscaled ids with no replica up (gateway/cold_start.py)
         self.cold_start = cold_start
-        #: ... or admits their submits here, in the shared store (gateway/admission.py)
+        #: ... or admits their submits here, in the shared store (http/gateway_admission.py)
         self.admission = admission
         self.policy = policy
         self.upstream = upstream

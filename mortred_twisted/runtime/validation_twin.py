@@ -184,11 +184,11 @@ def publish_twin(runtime: Any) -> Deferred[None]:
     at ready; reactor thread). Nothing for a memory store or a model that did not
     load; a failure is logged, never raised (the gateway then keeps holding)."""
     config: ServerConfig = runtime.config
-    store = runtime.store
     d: Deferred[None] = Deferred()
     if config.job_store != "redis" or not config.async_enabled or not runtime.models:
         d.callback(None)
         return d
+    store = runtime.store
     raw = twin_document(runtime.validator, config)
     connected = store.when_connected()
     connected.addCallback(lambda _: store.link.call("SET", twin_key(config.id), raw))

@@ -35,7 +35,7 @@ JSON and the server never imports the user's module.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
@@ -44,7 +44,7 @@ from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.sdk.context import Context
 from mortred_twisted.sdk.declaration import Declaration
 from mortred_twisted.sdk.media import File, Image
-from mortred_twisted.sdk.outputs import OutputEncoder
+from mortred_twisted.sdk.outputs import OutputEncoder, encode_outcome
 from mortred_twisted.sdk.seed_contract import SEED, image_input, param_specs, validate_seed
 from mortred_twisted.sdk.validation import FILE_REF, validate_inputs
 
@@ -206,70 +206,44 @@ class SdkModel(Model):
     ) -> list[Any | BaseException]:
         together = getattr(self.instance, "predict_together", None)
         if together is not None and len(requests) > 1:
-            return self._run_together(together, requests, ctxs)
+            # several requests in one call, each with its own context (its cancel,
+            # its progress, its events), unlike predict_batch's one context
+            encoders = [self.encoder(ctx) for ctx in ctxs]
+            run_ctxs = [
+                self._context(ctx, request.req_id, encoder)
+                for ctx, request, encoder in zip(ctxs, requests, encoders, strict=True)
+            ]
+            items = [self._kwargs(request) for request in requests]
+            return _batch_outcomes("predict_together", lambda: together(run_ctxs, items), encoders)
         if self.declaration.max_batch_size <= 1 or len(requests) == 1:
             return super().run_batch(requests, ctxs)
         instance = self._require_instance()
         encoders = [self.encoder(ctx) for ctx in ctxs]
-        items = []
-        for request in requests:
-            items.append(self._kwargs(request))
-        ctx = Context(_BatchRunContext(ctxs), request_id=",".join(r.req_id for r in requests))
-        try:
-            outputs = list(instance.predict_batch(ctx, items))
-        except Exception as exc:
-            return [exc for _ in requests]
-        if len(outputs) != len(requests):
-            error = BatchLengthError(
-                f"predict_batch returned {len(outputs)} entries for {len(requests)} items"
-            )
-            return [error for _ in requests]
-        results: list[Any | BaseException] = []
-        for out, encoder in zip(outputs, encoders, strict=True):
-            if isinstance(out, BaseException):
-                results.append(out)
-                continue
-            try:
-                results.append(encoder.encode(out))
-            except (TypeError, ValueError) as exc:
-                results.append(exc)
-        return results
-
-    def _run_together(
-        self, together: Any, requests: Sequence[InferenceRequest], ctxs: Sequence[RunContext]
-    ) -> list[Any | BaseException]:
-        """``predict_together(ctxs, items)``: several requests in one call, each with
-        its own context (its cancel, its progress, its events), unlike
-        ``predict_batch``'s one context; one outcome (output or exception) each."""
-        encoders = [self.encoder(ctx) for ctx in ctxs]
-        run_ctxs = [
-            self._context(ctx, request.req_id, encoder)
-            for ctx, request, encoder in zip(ctxs, requests, encoders, strict=True)
-        ]
         items = [self._kwargs(request) for request in requests]
-        try:
-            outcomes = list(together(run_ctxs, items))
-        except Exception as exc:
-            return [exc for _ in requests]
-        if len(outcomes) != len(requests):
-            error = BatchLengthError(
-                f"predict_together returned {len(outcomes)} entries for {len(requests)} items"
-            )
-            return [error for _ in requests]
-        results: list[Any | BaseException] = []
-        for out, encoder in zip(outcomes, encoders, strict=True):
-            if isinstance(out, BaseException):
-                results.append(out)
-                continue
-            try:
-                results.append(encoder.encode(out))
-            except (TypeError, ValueError) as exc:
-                results.append(exc)
-        return results
+        ctx = Context(_BatchRunContext(ctxs), request_id=",".join(r.req_id for r in requests))
+        batch = instance.predict_batch
+        return _batch_outcomes("predict_batch", lambda: batch(ctx, items), encoders)
 
     def close(self) -> None:
         if self.instance is not None:
             self.instance.close()
+
+
+def _batch_outcomes(
+    name: str, call: Callable[[], Any], encoders: Sequence[Any]
+) -> list[Any | BaseException]:
+    """``call()``'s entries, one per item, each encoded alone; the call's own failure,
+    or an answer of the wrong length, fails every item (saying so)."""
+    try:
+        outputs = list(call())
+    except Exception as exc:
+        return [exc for _ in encoders]
+    if len(outputs) != len(encoders):
+        error = BatchLengthError(
+            f"{name} returned {len(outputs)} entries for {len(encoders)} items"
+        )
+        return [error for _ in encoders]
+    return [encode_outcome(e, out) for out, e in zip(outputs, encoders, strict=True)]
 
 
 class _Verbatim:

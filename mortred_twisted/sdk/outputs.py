@@ -111,3 +111,14 @@ class OutputEncoder:
         if callable(tolist):
             return self.encode(tolist(), stem)
         raise TypeError(f"output {stem}: {type(value).__name__} is not a JSON value, Image or File")
+
+
+def encode_outcome(encoder: Any, out: Any) -> Any:
+    """One item's outcome as the server takes it: an exception as it is, an output
+    encoded (an output the encoder refuses becomes that item's error)."""
+    if isinstance(out, BaseException):
+        return out
+    try:
+        return encoder.encode(out)
+    except (TypeError, ValueError) as exc:
+        return exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mortred_twisted.model_api.base import InferenceRequest, RunContext, StepBatch
+from mortred_twisted.sdk.outputs import encode_outcome
 
 if TYPE_CHECKING:
     from mortred_twisted.sdk.adapter import SdkModel
@@ -46,14 +47,7 @@ class SdkStepBatch(StepBatch):
     def step(self) -> list[tuple[int, Any]]:
         left: list[tuple[int, Any]] = []
         for key, outcome in self._inner.step():
-            encoder = self._encoders.pop(key)
-            if isinstance(outcome, BaseException):
-                left.append((key, outcome))
-                continue
-            try:
-                left.append((key, encoder.encode(outcome)))
-            except (TypeError, ValueError) as exc:
-                left.append((key, exc))
+            left.append((key, encode_outcome(self._encoders.pop(key), outcome)))
         return left
 
     def abandon(self) -> list[int]:

@@ -189,7 +189,7 @@ class RedisJobStore:
         # outage longer than a lease every lease looks expired, and the replicas
         # still running those jobs need one lease period to renew them.
         self._reclaim_from = 0.0
-        #: False for an admission-only client (the gateway's, gateway/admission.py):
+        #: False for an admission-only client (the gateway's, http/gateway_admission.py):
         #: it holds no job, so (re)connecting runs no MAINTAIN (whose ends are
         #: reported to the replica that ran it, to count them and send webhooks)
         self.upkeep = True

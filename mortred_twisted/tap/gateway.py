@@ -31,11 +31,11 @@ from mortred_twisted.config.control import (
 )
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
-from mortred_twisted.gateway.admission import ColdAdmission
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.cold_start import ColdStart, supervisor_wake
 from mortred_twisted.gateway.metrics import GatewayMetrics
 from mortred_twisted.http.gateway import GatewayApp
+from mortred_twisted.http.gateway_admission import ColdAdmission
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.http11.server import HTTPServerFactory

@@ -1,4 +1,4 @@
-"""The gateway's admission at zero replicas (gateway/admission.py) against a real
+"""The gateway's admission at zero replicas (http/gateway_admission.py) against a real
 redis-server: a submit is admitted into the shared store by the model port's own
 job routes validating with the published twin, exactly as a replica would (422s,
 idempotency, callers, queue limit); a replica then claims it; polls and waits are
@@ -21,8 +21,8 @@ from twisted.internet.task import deferLater
 from mortred_twisted.config.catalog import Catalog, CatalogEntry
 from mortred_twisted.config.control import AutoscaleSettings
 from mortred_twisted.config.server import ServerConfig, build_server_config
-from mortred_twisted.gateway.admission import ColdAdmission, HeadlessJobs, LocalResponse
 from mortred_twisted.gateway.routing import Route, RouteKind
+from mortred_twisted.http.gateway_admission import ColdAdmission, HeadlessJobs, LocalResponse
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.model_api.base import InferenceRequest, Model
 from mortred_twisted.runtime.model_runtime import ModelRuntime

@@ -14,9 +14,9 @@ from twisted.web.http_headers import Headers
 
 from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.config.control import AutoscaleSettings
-from mortred_twisted.gateway.admission import LocalResponse
 from mortred_twisted.gateway.cold_start import ColdStart, Woken
 from mortred_twisted.gateway.routing import RouteKind
+from mortred_twisted.http.gateway_admission import LocalResponse
 
 from .test_gateway_app import AUTH, Client, Harness
 
