@@ -12,7 +12,12 @@ decoded to RGB and preprocessed by the checkpoint's own image processor (its
 request with one image is ``{"class_id": int, "category": str, "scores": [float, ...]}``
 (softmax probabilities in class order, ``category`` from the config's ``id2label``);
 with several images it is ``{"results": [that object, ...]}`` in image order. The
-``top_k`` param adds ``"top_k": [{"class_id", "category", "score"}, ...]``.
+``top_k`` param adds ``"top_k": [{"class_id", "category", "score"}, ...]``. Every
+score (``scores`` and ``top_k[].score``) is rounded to 6 places. A request batched with
+others gets the same class ids and the same scores up to float noise: the kernels
+torch picks depend on the batch size and the CPU, so a score may differ in its last
+(6th) place between the two, never in which classes come out or their order apart
+from near ties.
 
 Declared with the SDK (:class:`ImageClassificationModel`, the seed's ``"mortred-v1"``
 contract: the params, 422 messages and ``data`` of the seed). Dynamic batching:
@@ -114,7 +119,11 @@ class ImageClassificationModel(ServedModel):
         if top_k:
             order = np.argsort(-scores, kind="stable")[:top_k]
             out["top_k"] = [
-                {"class_id": int(i), "category": self.class_names[i], "score": float(scores[i])}
+                {
+                    "class_id": int(i),
+                    "category": self.class_names[i],
+                    "score": round(float(scores[i]), 6),
+                }
                 for i in order
             ]
         return out

@@ -26,6 +26,7 @@ from mortred_twisted.models.registry import create_model
 from mortred_twisted.models.segment_anything.sam_amg import SamAmgModel
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.seed_contract import sdk_declaration
+from mortred_twisted.testing.closeness import assert_json_close
 from tests.models.perception.conftest import DEMO, ROOT
 
 CLASSIFIER = "conf/server/classification/mobilenetv2.toml"
@@ -265,7 +266,9 @@ def test_a_sync_batch_is_one_forward_pass_and_items_fail_alone(
 ) -> None:
     """run_batch goes to predict_batch: one forward pass for the good items, an
     undecodable picture fails its own item (400), and each good item's data is the
-    byte-exact answer it gets alone."""
+    answer it gets alone: the same classes, boxes' labels and sizes, and floats equal
+    up to the noise of the batched kernels (which ones torch picks depends on the
+    batch size and the CPU: AVX2, AVX-512, AMX), never bit for bit."""
     _, model = built(path, None)
     assert model.declaration.max_batch_size > 1
     picture = DIGIT if path == CLASSIFIER else PICTURE
@@ -275,7 +278,7 @@ def test_a_sync_batch_is_one_forward_pass_and_items_fail_alone(
         InferenceRequest("b", (b"not a picture",), {}),
         model.validate(InferenceRequest("c", (picture, picture), {})),
     ]
-    alone = [json.dumps(model.run(r, RunContext())) for r in (reqs[0], reqs[2])]
+    alone = [model.run(r, RunContext()) for r in (reqs[0], reqs[2])]
     instance = model.instance
     real = getattr(instance, FORWARD[path])
     calls: list[int] = []
@@ -288,7 +291,7 @@ def test_a_sync_batch_is_one_forward_pass_and_items_fail_alone(
     out = model.run_batch(reqs, [RunContext() for _ in reqs])
     assert len(calls) == 1
     assert isinstance(out[1], InputDecodeError)
-    assert [json.dumps(out[0]), json.dumps(out[2])] == alone
+    assert_json_close([out[0], out[2]], alone)
 
 
 def test_sam_runs_requests_one_by_one(
