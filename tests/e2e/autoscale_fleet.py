@@ -45,6 +45,13 @@ config = "{root}/conf/model/fake/fake.toml"
 fake_delay_ms = 0
 """
 
+#: an SDK model whose start-up waits for a gate file (``%`` the file's path): a test
+#: holds a cold start open until it has sent everything, then creates the file
+GATED = """[model]
+type = "{root}/tests/e2e/sdk_models/gated.py:Gated"
+gate = "%s"
+"""
+
 
 def free_run(count: int, avoid: tuple[int, ...] = ()) -> int:
     """A port p with p … p+count-1 all free and none in ``avoid``."""

@@ -19,7 +19,14 @@ import pytest
 
 from mortred_twisted.cli import mortredctl
 from tests.control.plane import API_TOKEN, ControlPlane
-from tests.e2e.autoscale_fleet import IMG, MODEL, autoscale, autoscaled_fleet, submit, wait_job
+from tests.e2e.autoscale_fleet import (
+    GATED,
+    MODEL,
+    autoscale,
+    autoscaled_fleet,
+    submit,
+    wait_job,
+)
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.waiting import wait_until
 
@@ -116,13 +123,18 @@ def test_idle_to_zero_and_a_cold_start_held_by_the_gateway(tmp_path: Path, redis
     """min_replicas 0: with no load the model runs no replica; a sync request and a
     submit sent then are held by the gateway and answered (200, 202) once a replica
     is up; beyond cold_start_max_waiting the gateway answers 503 with Retry-After;
-    the cold-start time is reported; idle again, the model goes back to zero."""
+    the cold-start time is reported; idle again, the model goes back to zero.
+
+    The replica's start-up is held on a gate file (``sdk_models/gated.py``) until every
+    request has been sent and the two beyond the bound answered, so the orderings are
+    made by the test, not by how fast a replica starts on this machine (issue 41)."""
+    gate = tmp_path / "gate"
     table = {
         "min_replicas": 0, "max_replicas": 2, "idle_to_zero_s": 3,
         "scale_down_window_s": 2, "cooldown_s": 1, "autoscale_interval_s": 0.5,
-        "cold_start_max_waiting": 3, "cold_start_timeout_s": 60,
+        "cold_start_max_waiting": 3, "cold_start_timeout_s": 90,
     }  # fmt: skip
-    with autoscaled_fleet(tmp_path, redis.url, table) as (plane, _port):
+    with autoscaled_fleet(tmp_path, redis.url, table, GATED % gate) as (plane, _port):
         plane.wait_ready(["gateway"])
         wait_until(lambda: autoscale(plane).get("active") is True, 30, "scaler on")
         assert autoscale(plane)["current"] == 0
@@ -130,37 +142,44 @@ def test_idle_to_zero_and_a_cold_start_held_by_the_gateway(tmp_path: Path, redis
         lock = threading.Lock()
 
         def infer() -> None:
-            doc = {"images": [IMG], "params": {"delay_ms": 10}}
+            doc = {"params": {"name": "held"}}
             code, headers, body, _t = plane.gw(
-                "POST", f"/v1/models/{MODEL}/infer", body=doc, timeout=90
+                "POST", f"/v1/models/{MODEL}/infer", body=doc, timeout=120
             )
             with lock:
                 answers.append(("infer", code, headers, body))
 
         def job() -> None:
-            code, doc, headers = submit(plane, 10, timeout=90)
+            code, headers, body, _t = plane.gw(
+                "POST", f"/v1/models/{MODEL}/jobs", body={"params": {"name": "job"}}, timeout=120
+            )
             with lock:
-                answers.append(("job", code, headers, json.dumps(doc).encode()))
+                answers.append(("job", code, headers, body))
 
-        held = [threading.Thread(target=infer), threading.Thread(target=job)]
-        held += [threading.Thread(target=infer)]
+        held = [threading.Thread(target=f) for f in (infer, job, infer)]
         for t in held:
             t.start()
-            time.sleep(0.05)
-        wait_until(lambda: autoscale(plane).get("waiting", 0) >= 1, 20, "held at the gateway")
-        time.sleep(0.3)  # the three are held now (the bound is 3)
+        # The scaler counts a wake call per request the gateway holds: all three are
+        # held (the bound is 3) and the replica is still in setup behind its gate.
+        wait_until(lambda: autoscale(plane).get("waiting", 0) == 3, 30, "three held")
         over = [threading.Thread(target=infer) for _ in range(2)]
         for t in over:
             t.start()
-        for t in held + over:
-            t.join(120)
-        codes = sorted(code for _k, code, _h, _b in answers)
-        assert len(answers) == 5
-        refused = [a for a in answers if a[1] == 503]
-        served = [a for a in answers if a[1] != 503]
-        assert sorted(a[1] for a in served) == [200, 200, 202], codes
-        assert len(refused) == 2, codes
+        for t in over:
+            t.join(60)
+        with lock:
+            refused = list(answers)
+        assert [a[1] for a in refused] == [503, 503], refused
         assert all(int(a[2]["retry-after"]) >= 1 for a in refused)
+        assert autoscale(plane).get("ready", 0) == 0  # refused while the replica was starting
+        gate.touch()
+        for t in held:
+            t.join(120)
+        served = answers[2:]
+        assert sorted((a[0], a[1]) for a in served) == [
+            ("infer", 200), ("infer", 200), ("job", 202),
+        ], answers  # fmt: skip
+        assert all(json.loads(a[3])["data"] == "hello held" for a in served if a[0] == "infer")
         job_doc = json.loads(next(a for a in served if a[0] == "job")[3])
         assert wait_job(plane, job_doc["job_id"])["state"] == "done"
         status = autoscale(plane)
@@ -168,8 +187,8 @@ def test_idle_to_zero_and_a_cold_start_held_by_the_gateway(tmp_path: Path, redis
         # ``current`` drops at the SIGTERM; a replica still draining answers what
         # reaches it before it handles the signal (no cold start): wait for the exit.
         wait_until(lambda: at_zero(plane), 60, "back to zero, the last replica gone")
-        # A second cold start: alone, below the bound, it is answered.
-        doc = {"images": [IMG], "params": {"delay_ms": 10}}
+        # A second cold start (the gate is open): alone, below the bound, it is answered.
+        doc = {"params": {"name": "again"}}
         code, _h, body, _t = plane.gw("POST", f"/v1/models/{MODEL}/infer", body=doc, timeout=90)
         assert code == 200, body
         assert autoscale(plane)["cold_starts"] == 2

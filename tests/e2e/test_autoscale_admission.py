@@ -16,17 +16,13 @@ from typing import Any
 import pytest
 
 from tests.control.plane import ControlPlane
-from tests.e2e.autoscale_fleet import IMG, MODEL, autoscale, autoscaled_fleet
+from tests.e2e.autoscale_fleet import GATED, IMG, MODEL, autoscale, autoscaled_fleet
 from tests.e2e.test_autoscale import at_zero, attempts, redis  # noqa: F401
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-GATED = """[model]
-type = "{root}/tests/e2e/sdk_models/gated.py:Gated"
-gate = "%s"
-"""
 JOBS = f"/v1/models/{MODEL}/jobs"
 
 
