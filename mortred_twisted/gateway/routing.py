@@ -17,6 +17,8 @@ and the job API beyond the seed (docs/api.md § "Beyond the seed")::
     GET  /v1/models/{id}/jobs/{job}/events     -> GET  /jobs/{job}/events    (SSE stream)
     GET  /v1/models/{id}/jobs/{job}/files/{name}
                                                -> GET  /jobs/{job}/files/{name} (result file)
+    GET  /v1/models/{id}/openapi.json          -> GET  /openapi.json         (paths made public:
+                                                                            gateway/openapi.py)
 
 Bare ``/jobs`` is not routed. Matching is split in steps so the edge can answer 405
 and 401 before revealing whether a model id exists: :func:`match` looks only at the
@@ -69,6 +71,7 @@ class RouteKind(enum.Enum):
     EVENTS = "jobs_events"
     QUEUE = "queue"
     FILE = "jobs_file"
+    OPENAPI = "openapi"
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -83,6 +86,7 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.LEGACY: {"POST": RouteKind.LEGACY},
     RouteKind.QUEUE: {"GET": RouteKind.QUEUE},
     RouteKind.FILE: {"GET": RouteKind.FILE},
+    RouteKind.OPENAPI: {"GET": RouteKind.OPENAPI},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -235,6 +239,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
             return Match(RouteKind.SUBMIT, model_id)
         if rest == ["queue"]:
             return Match(RouteKind.QUEUE, model_id)
+        if rest == ["openapi.json"]:
+            return Match(RouteKind.OPENAPI, model_id)
         if len(rest) >= 2 and rest[0] == "jobs" and rest[1]:
             job = rest[1]
             if len(rest) == 2:
@@ -305,6 +311,8 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, "/jobs")
     if m.kind is RouteKind.QUEUE:
         return Route(m.kind, entry, "/queue")
+    if m.kind is RouteKind.OPENAPI:
+        return Route(m.kind, entry, "/openapi.json")
     if m.kind is RouteKind.LIST:
         forwarded = list_query(query) if query else ""
         return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))

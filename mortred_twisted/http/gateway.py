@@ -14,7 +14,9 @@ Gateway-made errors are ``{"error": "..."}`` JSON; upstream statuses and bodies 
 through unchanged, except job URLs: the submit's 202 ``Location`` and the
 ``poll_url``/``result_url`` fields (of the 202, of 200 poll/wait views and cancel
 answers, which repeat them, of each job of a listing and of each event's ``data:``)
-are rewritten to ``/v1/models/<id>/jobs/...``.
+are rewritten to ``/v1/models/<id>/jobs/...``, and a model's OpenAPI document
+(``GET /v1/models/<id>/openapi.json``) gets the gateway's paths and security
+(:mod:`~mortred_twisted.gateway.openapi`).
 
 **Callers.** Every job request forwarded (submit, poll, wait, result, cancel, listing,
 events) names its caller to the model server: ``X-Mortred-Principal`` (the
@@ -58,6 +60,7 @@ from mortred_twisted.config.catalog import Catalog
 from mortred_twisted.gateway.access import INFERENCE, METRICS, AccessPolicy, Decision
 from mortred_twisted.gateway.events import is_event_stream, relay
 from mortred_twisted.gateway.metrics import GatewayMetrics
+from mortred_twisted.gateway.openapi import NotADocument, public_openapi
 from mortred_twisted.gateway.rewrite import (
     gateway_prefix,
     public_job_path,
@@ -496,6 +499,12 @@ class GatewayApp:
             body = rewrite_job_urls(body, route.entry.id)
         elif kind is RouteKind.RESULT and code == 200:  # result files' URLs
             body = rewrite_file_urls(body, gateway_prefix(route.entry.id))
+        elif kind is RouteKind.OPENAPI and code == 200:  # the paths a client calls here
+            entry = route.entry
+            try:
+                body = public_openapi(body, entry.id, entry.server_uri, not self.policy.open)
+            except NotADocument as e:
+                return self._error(request, 502, f"{entry.id}: openapi.json: {e}", kind.value)
         request.setHeader(b"Content-Length", b"%d" % len(body))
         self.metrics.hot.count(kind.value, str(code))
         return body

@@ -10,6 +10,7 @@ Beyond the seed: ``DELETE /jobs/job_known`` → 202 (running, cancel requested),
 before (per ``X-Mortred-Principal``) → the same 202 with ``Idempotent-Replayed: true``;
 ``GET /jobs/job_known/events`` → a ``text/event-stream`` the test writes to
 (:attr:`FakeModel.streams`; cancelled ones land in :attr:`FakeModel.streams_closed`).
+``GET /openapi.json`` → :attr:`FakeModel.openapi`.
 Every request is recorded (method, path, headers, body).
 """
 
@@ -43,6 +44,8 @@ class FakeModel:
     streams: list[tuple[Any, defer.Deferred[bytes]]] = field(default_factory=list)
     streams_closed: list[str] = field(default_factory=list)
     idempotency: set[tuple[str, str]] = field(default_factory=set)
+    #: the body of ``GET /openapi.json`` (200)
+    openapi: bytes = b'{"openapi":"3.0.3","info":{"title":"t"},"paths":{}}'
 
     def resource(self) -> Any:
         app = Klein()
@@ -144,6 +147,12 @@ class FakeModel:
         def result(request: Any, job: str) -> bytes:
             record(request)
             return js(request, 409, {"error": "job not finished (state: running)"})
+
+        @app.route("/openapi.json", methods=["GET"])
+        def openapi(request: Any) -> bytes:
+            record(request)
+            request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
+            return model.openapi
 
         @app.route(model.server_uri, methods=["POST"])
         def infer(request: Any) -> bytes:
