@@ -1,10 +1,12 @@
 """``mortredctl model …``: write, check and run a served model without a server.
 
-* ``mortredctl model new NAME [DIR]`` writes a working model folder: ``<name>.py``
-  (a :class:`~mortred_twisted.sdk.ServedModel` with progress and cancel),
-  ``server.toml`` naming it by file path, and ``test_<name>.py`` (the harness and
-  the conformance check; it passes as written). Existing files are never
-  overwritten.
+* ``mortredctl model new NAME [DIR] [--catalog PATH]`` writes a working model
+  folder: ``<name>.py`` (a :class:`~mortred_twisted.sdk.ServedModel` with progress
+  and cancel), ``server.toml`` naming it by file path, with an id, a port and a
+  ``server_uri`` no other server file of its catalog uses (and a port nothing
+  listens on: :mod:`~mortred_twisted.cli.catalog_room`), and ``test_<name>.py`` (the
+  harness and the conformance check; it passes as written). Existing files are
+  never overwritten.
 * ``mortredctl model check TARGET`` prints the derived schema (JSON: inputs, output,
   streaming) and runs :func:`~mortred_twisted.testing.conformance.check`; exit 1
   when the contract is broken.
@@ -187,8 +189,8 @@ _SERVER = """# {cls} as a model server: make run-model RUN_CONFIG={folder}/serve
 [server]
 id = "{id}"
 host = "127.0.0.1"
-port = 18300
-server_uri = "/infer"
+port = {port}                      # ids, ports and server_uris are unique in a catalog:
+server_uri = "{uri}"  # these were free in it when written
 worker_nums = 1
 async_enabled = true
 
@@ -248,12 +250,28 @@ def _names(name: str) -> tuple[str, str]:
 
 
 def cmd_model_new(args: argparse.Namespace, out: TextIO) -> int:
+    from mortred_twisted.cli import catalog_room
+
     module, cls = _names(args.name)
     folder = Path(args.dir or module)
+    catalog = Path(args.catalog) if args.catalog else None
+    if catalog is not None and not catalog.exists():
+        raise ModelUsageError(f"--catalog {catalog}: no such file or folder")
+    taken = catalog_room.taken_by(catalog, folder)
+    try:
+        port = catalog_room.pick_port(taken)
+    except catalog_room.NoRoom as exc:
+        raise ModelUsageError(str(exc)) from None
+    server_id, uri = catalog_room.pick_id(module, taken), catalog_room.pick_uri(module, taken)
     files = {
         folder / f"{module}.py": _MODEL.format(title=cls, cls=cls),
         folder / "server.toml": _SERVER.format(
-            cls=cls, module=module, folder=folder, id=module.upper()
+            cls=cls,
+            module=module,
+            folder=str(folder).replace("\n", " "),  # a TOML comment stays one line
+            id=server_id,
+            port=port,
+            uri=uri,
         ),
         folder / f"test_{module}.py": _TEST.format(cls=cls, module=module),
     }
@@ -264,6 +282,10 @@ def cmd_model_new(args: argparse.Namespace, out: TextIO) -> int:
     for path, text in files.items():
         path.write_text(text, encoding="utf-8")
         out.write(f"wrote {path}\n")
+    out.write(
+        f"id {server_id}, port {port}, server_uri {uri}: used by none of "
+        f"{taken.where}, and nothing listens on the port\n"
+    )
     out.write(
         f"next: .venv/bin/python -m pytest {folder}; "
         f"mortredctl model run {folder}/{module}.py:{cls} -i name=you\n"
@@ -299,6 +321,12 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     new = cmds.add_parser("new", help="write a working model folder (model, server.toml, test)")
     new.add_argument("name", help="the model's name, e.g. sharpen")
     new.add_argument("dir", nargs="?", help="the folder (default: the name)")
+    new.add_argument(
+        "--catalog", metavar="PATH",
+        help="the catalog it joins, for a free port and its own id and server_uri: a "
+        "mortred.toml (its catalog_dir) or a folder of server files (default: the "
+        "server files beside the new folder)",
+    )  # fmt: skip
     new.set_defaults(fn=_guarded(cmd_model_new))
 
     def target_args(a: argparse.ArgumentParser) -> None:
