@@ -300,7 +300,11 @@ def _resolve_model_file(model_type: str, source: str) -> tuple[str, str | None]:
 
 
 def find_root(path: Path) -> Path:
-    """The project root for a config file: the parent of its enclosing ``conf/``."""
+    """The project root for a config file: the parent of the nearest ``conf/`` folder
+    above it, else the file's own folder (never the working directory). The one rule
+    for relative paths in ``mortred.toml`` and server files (docs/operations.md
+    § Configure); only ``[model] type = "file.py:Class"`` is relative to the server
+    file itself (:func:`_resolve_model_file`)."""
     for parent in path.resolve().parents:
         if parent.name == "conf":
             return parent.parent
