@@ -62,6 +62,22 @@ def test_submit_wait_result(server: RunningServer) -> None:
     assert client.run([b"x"], {"delay_ms": 10}).code == 0
 
 
+def test_queue_position_comes_with_a_status_not_with_the_submit(server: RunningServer) -> None:
+    """Behind two running jobs (2 workers), a third is pending: its submit answer names
+    no queue position (None, as docs/client.md says), its status does."""
+    client = Client(server.base_url)
+    jobs = [client.submit([b"x"], LONG) for _ in range(3)]
+    try:
+        last = jobs[-1]
+        assert last.state == "pending" and last.queue_position is None
+        status = last.status()
+        assert status.state == "pending" and status.queue_position is not None
+        assert status.queue_position >= 1 and last.queue_position == status.queue_position
+    finally:
+        for job in jobs:
+            job.cancel()
+
+
 def test_wait_timeout_returns_the_running_status(server: RunningServer) -> None:
     """wait(timeout) returns the job's non-terminal status when the caller's timeout
     passes first; result() then raises JobNotFinished."""

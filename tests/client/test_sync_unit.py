@@ -222,3 +222,17 @@ def test_queue_404_or_405_is_not_supported() -> None:
     for status in (404, 405):
         with pytest.raises(NotSupported):
             client(Scripted(answer(status, {"error": "not found"})), Clock()).queue()
+
+
+def test_queue_position_is_none_after_submit_until_a_status_names_it() -> None:
+    """The 202 names no queue position (docs/client.md said 1): None until a status
+    reports it; a 202 that did report one would fill it."""
+    clock = Clock()
+    pending = {**ADMITTED, "elapsed_ms": 3, "queue_position": 2}
+    t = Scripted(answer(202, ADMITTED), answer(200, pending),
+                 answer(202, {**ADMITTED, "queue_position": 4}))  # fmt: skip
+    c = client(t, clock)
+    job = c.submit(params={})
+    assert job.state == "pending" and job.queue_position is None
+    assert job.status().queue_position == 2 and job.queue_position == 2
+    assert c.submit(params={}).queue_position == 4
