@@ -18,6 +18,7 @@ error, so a supervisor sees why.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
@@ -298,6 +300,7 @@ def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     try:
+        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         config = load_server_config(options["config"])
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)
