@@ -115,7 +115,9 @@ def cmd_action(args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"{args.id}: {args.command} requested (state: {doc.get('state')})\n")
     if not args.wait or args.command == "stop":
         if args.wait:
-            return _wait_state(args, out, lambda s: s["state"] in ("stopped", "failed"))
+            return _wait_state(
+                args, out, lambda s: s["state"] in ("stopped", "failed", "start_failed")
+            )
         return EXIT_OK
     old_pid = doc.get("pid") if args.command == "restart" else None
     return _wait_state(args, out, lambda s: s["ready"] and (old_pid is None or s["pid"] != old_pid))
@@ -128,7 +130,7 @@ def _wait_state(args: argparse.Namespace, out: TextIO, ok: Any) -> int:
         if ok(s):
             out.write(f"{args.id}: {s['state']}{' ready' if s['ready'] else ''}\n")
             return EXIT_OK
-        if s["state"] == "failed":
+        if s["state"] in ("failed", "start_failed"):
             out.write(f"{args.id}: failed: {s.get('error')}\n")
             return EXIT_FAILED
         time.sleep(0.5)

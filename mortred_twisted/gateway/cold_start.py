@@ -208,10 +208,42 @@ class ColdStart:
         return call.addBoth(done)
 
 
-def supervisor_wake(http: Any, api_url: str, internal_token: str) -> Wake:
+class WakeLog:
+    """Logs why wake calls fail: each new cause once, then how often it repeated
+    when the cause changes or the calls succeed again (a burst of held requests
+    against an unreachable supervisor is one line, not one per request)."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.repeats = 0
+
+    def failed(self, model_id: str, cause: str) -> None:
+        if cause == self.last:
+            self.repeats += 1
+            return
+        self._flush()
+        self.last = cause
+        log.warn("cold start {id}: wake failed: {cause}", id=model_id, cause=cause)
+
+    def ok(self) -> None:
+        self._flush()
+        self.last = None
+
+    def _flush(self) -> None:
+        if self.repeats:
+            log.warn("(the last wake failure repeated {n} times)", n=self.repeats)
+        self.repeats = 0
+
+
+def supervisor_wake(
+    http: Any, api_url: str, internal_token: str, wake_log: WakeLog | None = None
+) -> Wake:
     """A :data:`Wake` over HTTP: ``POST <api_url>/api/v1/autoscale/<id>/wake`` with the
-    internal token, through ``http`` (an upstream client's ``request``)."""
+    internal token, through ``http`` (an upstream client's ``request``). A call that
+    fails (no connection, an answer that is neither a replica nor the supervisor's
+    own refusal) is a ``Woken(None)`` whose cause is logged (:class:`WakeLog`)."""
     headers = {b"authorization": [b"Bearer " + internal_token.encode("latin-1")]}
+    wake_log = wake_log if wake_log is not None else WakeLog()
 
     def wake(model_id: str) -> defer.Deferred[Woken]:
         url = f"{api_url}/api/v1/autoscale/{model_id}/wake"
@@ -222,14 +254,26 @@ def supervisor_wake(http: Any, api_url: str, internal_token: str) -> Wake:
                 doc = json.loads(response.body)
             except ValueError:
                 doc = {}
-            startup = doc.get("startup_s") if isinstance(doc, dict) else None
+            if not isinstance(doc, dict):
+                doc = {}
+            startup = doc.get("startup_s")
             if response.code == 200 and isinstance(doc.get("url"), str):
+                wake_log.ok()
                 return Woken(doc["url"], startup)
-            retry = doc.get("retry_after_s") if isinstance(doc, dict) else None
+            if response.code != 503:  # 503: the supervisor's own "none ready in time"
+                error = doc.get("error") or bytes(response.body[:200]).decode("utf-8", "replace")
+                wake_log.failed(model_id, f"POST {url}: HTTP {response.code}: {error}")
+            retry = doc.get("retry_after_s")
             return Woken(None, startup if startup is not None else retry)
 
+        def failed(f: Failure) -> Woken:
+            if f.check(defer.CancelledError):
+                return Woken(None)  # the client left
+            wake_log.failed(model_id, f"POST {url}: {f.getErrorMessage() or f.type.__name__}")
+            return Woken(None)
+
         d.addCallback(read)
-        d.addErrback(lambda f: Woken(None))
+        d.addErrback(failed)
         return d
 
     return wake

@@ -47,6 +47,11 @@ from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.runtime.inference import QueueFull
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.sdk.seed_contract import sdk_declaration
+from mortred_twisted.supervisor.child_contract import (
+    CHALLENGE_HEADER,
+    PROOF_HEADER,
+    answer_challenge,
+)
 
 log = Logger()
 
@@ -60,9 +65,13 @@ class ModelServerApp:
         runtime: ModelRuntime,
         *,
         rate_limiter: RateLimiter | None = None,
+        spawn_key: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.config = runtime.config
+        #: the supervisor's per-spawn secret: ``/ready`` proves the process holds it
+        #: (:mod:`~mortred_twisted.supervisor.child_contract`); None when unsupervised
+        self.spawn_key = spawn_key
         self._openapi_bytes: bytes | None = None
         self.app = Klein()
         self.responder = Responder()
@@ -129,6 +138,10 @@ class ModelServerApp:
         return self.responder.respond(request, 200, json_bytes(doc))
 
     def ready(self, request: IRequest) -> bytes:
+        if self.spawn_key is not None:  # the supervisor's challenge: prove who we are
+            answer = answer_challenge(self.spawn_key, request.getHeader(CHALLENGE_HEADER))
+            if answer is not None:
+                request.setHeader(PROOF_HEADER, answer)
         rt = self.runtime
         doc: dict[str, Any] = {
             "ready": rt.ready,

@@ -11,13 +11,21 @@ The ServiceMakers are read from the one plugin file, ``twisted_plugins/mortred_p
 next to this package in a source tree, else its installed copy
 ``twisted.plugins.mortred_plugins`` (a regular install puts it there, beside this
 package): a plugin added there is launchable here too.
+
+A supervised child guards its parent first of all, before twistd and the code base
+are imported (:func:`~mortred_twisted.supervisor.child_contract.guard_parent`:
+parent-death signal, then a check that the parent is still the supervisor).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a child: nothing heavy is imported before this runs
+    from mortred_twisted.supervisor.child_contract import guard_parent
+
+    guard_parent()
+
 import importlib
 import importlib.util
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -61,10 +69,6 @@ class LaunchOptions(ServerOptions):  # type: ignore[misc]
 
 
 def main() -> None:
-    if os.environ.get("MORTRED_PARENT_DEATH_SIGNAL") == "1":
-        from mortred_twisted.supervisor.process import set_parent_death_signal
-
-        set_parent_death_signal()
     app.run(runApp, LaunchOptions)
 
 

@@ -8,10 +8,23 @@
        │   says stop    ▼
        └──────────── failed (crash loop, policy 'no' after a failure, never ready)
 
+    stopped ─start─► start_failed (its port is held by another process: not spawned,
+                     or the child exited "cannot listen"; not restarted, an operator's
+                     start tries again)
+
 Readiness is probed over HTTP (``/ready`` for models, ``/healthz`` for the gateway)
 every ``probe_interval``; a running child whose probe fails stays ``running`` with
 ``ready: false``. A child not ready within ``ready_timeout`` is stopped and its exit
 goes through the restart policy. ``stop`` is SIGTERM, then SIGKILL after ``grace``.
+
+**Trust.** A child is its own process only: before a spawn, a port held by another
+process (``port_check``) is a ``start_failed`` naming the holder (pid and command
+when visible), and nothing is spawned; a child that exits
+:data:`~mortred_twisted.supervisor.child_contract.EXIT_CANNOT_LISTEN` is a
+``start_failed`` too. With ``verify_identity`` each spawn gets a fresh spawn key in
+its environment and every probe a fresh challenge: a ``/ready`` answer is taken
+only with the proof of that key (:class:`Impostor` otherwise: the port is answered
+by another process, which is never counted as ready).
 
 :class:`Supervisor` owns the gateway and the models (a model with ``replicas > 1`` is
 a :class:`~mortred_twisted.supervisor.replicas.ReplicaGroup`, which stands in for a
@@ -32,18 +45,39 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from mortred_twisted.supervisor.child_contract import (
+    CHALLENGE_HEADER,
+    EXIT_CANNOT_LISTEN,
+    PROOF_HEADER,
+    SPAWN_KEY_ENV,
+    new_challenge,
+    new_spawn_key,
+    proves,
+)
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.policy import ExitStatus, RestartTracker
 from mortred_twisted.supervisor.process import ChildHandle, ProcessSpec, Spawner
 
 log = Logger()
 
-STATES = ("stopped", "starting", "running", "backoff", "failed")
+STATES = ("stopped", "starting", "running", "backoff", "failed", "start_failed")
 STATE_VALUE = {s: i for i, s in enumerate(STATES)}
 
-#: A probe's answer: ready or not, or (not ready, the reason the child gives).
-ProbeAnswer = bool | tuple[bool, str | None]
-Prober = Callable[[str], "defer.Deferred[ProbeAnswer]"]
+
+@dataclass(frozen=True)
+class Impostor:
+    """A probe answered by a process that could not prove it is the child."""
+
+    detail: str
+
+
+#: A probe's answer: ready or not, or (not ready, the reason the child gives), or
+#: an impostor on the port.
+ProbeAnswer = bool | tuple[bool, str | None] | Impostor
+#: ``prober(url, spawn_key)``: with a key, the answer must prove it (else Impostor).
+Prober = Callable[[str, str | None], "defer.Deferred[ProbeAnswer]"]
+#: ``port_check(host, port)``: None when the port is free, else who holds it.
+PortCheck = Callable[[str, int], str | None]
 
 
 def _not_ready_reason(body: bytes) -> str | None:
@@ -60,12 +94,26 @@ def _not_ready_reason(body: bytes) -> str | None:
 
 def http_prober(http: Any, clock: IReactorTime, timeout: float = 2.0) -> Prober:
     """A prober: GET ``url`` → True on HTTP 200 within ``timeout`` seconds; on a 503,
-    ``(False, reason)`` with the reason the model gives (why it failed to load)."""
+    ``(False, reason)`` with the reason the model gives (why it failed to load).
+    With a spawn key, the request carries a fresh challenge and any answer without
+    its proof is an :class:`Impostor`."""
 
-    def probe(url: str) -> defer.Deferred[ProbeAnswer]:
-        d = http.get(url, timeout=timeout, reactor=clock)
+    def probe(url: str, key: str | None = None) -> defer.Deferred[ProbeAnswer]:
+        headers = {}
+        challenge = new_challenge() if key else b""
+        if key:
+            headers[CHALLENGE_HEADER] = [challenge]
+        d = http.get(url, headers=headers, timeout=timeout, reactor=clock)
 
         def done(response: Any) -> defer.Deferred[ProbeAnswer]:
+            if key:
+                answer = response.headers.getRawHeaders(PROOF_HEADER, [None])[0]
+                if not proves(key, challenge, answer):
+                    return treq.content(response).addCallback(
+                        lambda _: Impostor(
+                            f"HTTP {response.code} without the proof of this spawn's key"
+                        )
+                    )
             ok = response.code == 200
             if response.code == 503:
                 return treq.content(response).addCallback(
@@ -106,8 +154,17 @@ class ManagedServer:
         log_buffer: LogBuffer,
         timing: Timing = Timing(),
         category: str = "",
+        listen: tuple[str, int] | None = None,
+        port_check: PortCheck | None = None,
+        verify_identity: bool = False,
     ) -> None:
         self.id = server_id
+        #: the address the child listens on (host, port), when known
+        self.listen = listen
+        self.port_check = port_check
+        self.verify_identity = verify_identity
+        #: this spawn's secret (verify_identity), None between spawns
+        self.spawn_key: str | None = None
         self.kind = kind
         self.category = category
         self.spec = spec
@@ -203,7 +260,7 @@ class ManagedServer:
             self._restart_call.cancel()
         self._restart_call = None
         if self._handle is None:
-            if self.state in ("backoff", "failed", "starting"):
+            if self.state in ("backoff", "failed", "starting", "start_failed"):
                 self._set_stopped()
             return defer.succeed(None)
         waiter: defer.Deferred[None] = defer.Deferred()
@@ -229,13 +286,50 @@ class ManagedServer:
             self.logs.note(f"pid {self.pid} still alive after {self.timing.grace} s: SIGKILL")
             self._handle.signal("KILL")
 
+    def _where(self) -> str:
+        if self.listen is None:
+            return "its port"
+        host, port = self.listen
+        return f"{f'[{host}]' if ':' in host else host}:{port}"
+
+    def _start_failed(self, error: str) -> None:
+        """A start that cannot succeed by retrying: not restarted, not ready."""
+        self.state = "start_failed"
+        self.ready = False
+        self.error = error
+        self.last_start_failure = self.clock.seconds()
+        self.logs.note(f"start failed: {error}")
+        log.warn("{id}: start_failed ({error})", id=self.id, error=error)
+        self._fire_ready(False)
+
+    def _held_by(self) -> str | None:
+        """Who holds the child's port now (None: free, or not checked)."""
+        if self.listen is None or self.port_check is None:
+            return None
+        try:
+            return self.port_check(*self.listen)
+        except Exception as exc:  # a check that fails never blocks a start
+            log.warn("{id}: port check failed: {exc}", id=self.id, exc=exc)
+            return None
+
     def _spawn(self) -> None:
         self._restart_call = None
+        holder = self._held_by()
+        if holder is not None:
+            self._start_failed(
+                f"cannot listen on {self._where()}: address in use by {holder}; not started"
+            )
+            return
         self.state = "starting"
         self.ready = False
         self.started_at = self.clock.seconds()
+        spec = self.spec
+        self.spawn_key = None
+        if self.verify_identity:
+            self.spawn_key = new_spawn_key()
+            spec = ProcessSpec(spec.argv, {**spec.env, SPAWN_KEY_ENV: self.spawn_key}, spec.cwd)
         try:
-            handle = self.spawner.spawn(self.spec, self.logs)
+            handle = self.spawner.spawn(spec, self.logs)
         except Exception as exc:  # e.g. executable missing
             self.error = f"spawn failed: {exc}"
             self.logs.note(self.error)
@@ -257,13 +351,17 @@ class ManagedServer:
         handle = self._handle
         if handle is None or self._stopping:
             return
-        d = defer.maybeDeferred(self.prober, self.probe_url)
+        d = defer.maybeDeferred(self.prober, self.probe_url, self.spawn_key)
         d.addErrback(lambda f: (log.failure("probe {url}", f, url=self.probe_url), False)[1])
         d.addCallback(self._probed, handle)
 
     def _probed(self, answer: ProbeAnswer, handle: ChildHandle) -> None:
         if handle is not self._handle or self._stopping:
             return
+        if isinstance(answer, Impostor):
+            # Another process answers on the child's port: never ready. Our child
+            # cannot listen there; it exits "cannot listen" (start_failed).
+            answer = (False, f"{self._where()} is answered by another process ({answer.detail})")
         ok, reason = (answer, None) if isinstance(answer, bool) else answer
         if not ok and reason and reason != self.not_ready_reason:
             self.not_ready_reason = reason  # e.g. the model's load error, once per change
@@ -304,7 +402,19 @@ class ManagedServer:
             self.last_start_failure = self.clock.seconds()
         self.ready = False
         self.last_exit = status
+        self.spawn_key = None
         self.logs.note(status.describe())
+        if (
+            not self._stopping
+            and status.code == EXIT_CANNOT_LISTEN
+            and self.state in ("starting", "running")
+        ):
+            holder = self._held_by()
+            self._start_failed(
+                f"cannot listen on {self._where()}: address in use"
+                + (f" by {holder}" if holder else "")
+            )
+            return
         if self._stopping:
             self._stopping = False
             start_again, self._start_after_stop = self._start_after_stop, False

@@ -7,14 +7,17 @@ module captures into the child's :class:`~mortred_twisted.supervisor.logs.LogBuf
 
 ``MORTRED_PARENT_DEATH_SIGNAL=1`` asks the launcher to put the child in its own
 process group (so a terminal's Ctrl-C reaches only the supervisor, which then stops
-children in order) and to have the kernel send it SIGTERM if the supervisor dies.
+children in order), to have the kernel send it SIGTERM if the supervisor dies, and
+to exit at once if the supervisor (``MORTRED_SUPERVISOR_PID``, set at each spawn)
+is already gone (:func:`~mortred_twisted.supervisor.child_contract.guard_parent`).
+Each spawn also gets its own ``MORTRED_SPAWN_KEY`` (the child proves it holds it
+when probed: :mod:`~mortred_twisted.supervisor.child_contract`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +29,11 @@ from twisted.internet.protocol import ProcessProtocol
 
 from mortred_twisted.config.catalog import CatalogEntry
 from mortred_twisted.config.control import ControlConfig
+from mortred_twisted.supervisor.child_contract import (
+    PARENT_DEATH_ENV,
+    SPAWN_KEY_ENV,
+    SUPERVISOR_PID_ENV,
+)
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.policy import ExitStatus
 
@@ -41,6 +49,8 @@ _SECRETS = (
     "MORTRED_METRICS_TOKEN",
     "MORTRED_LISTEN_HOST",
     "MORTRED_LISTEN_PORT",
+    SPAWN_KEY_ENV,
+    SUPERVISOR_PID_ENV,
 )
 
 
@@ -67,7 +77,7 @@ def base_env(parent_env: Mapping[str, str]) -> dict[str, str]:
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
-    env["MORTRED_PARENT_DEATH_SIGNAL"] = "1"
+    env[PARENT_DEATH_ENV] = "1"
     return env
 
 
@@ -99,7 +109,10 @@ def gateway_spec(
     parent_env: Mapping[str, str],
     python: str = sys.executable,
 ) -> ProcessSpec:
-    """``twistd -n mortred-gateway --config <mortred.toml> --host H --port P``."""
+    """``twistd -n mortred-gateway --config <mortred.toml> --host H --port P
+    --supervisor-url U``: the address, port and supervisor API of ``control`` (with
+    the supervisor's command-line overrides: the child does not re-read them from
+    the file)."""
     env = base_env(parent_env)
     env["MORTRED_GATEWAY_AUTH_TOKEN"] = auth_token
     env["MORTRED_INTERNAL_TOKEN"] = internal_token
@@ -116,8 +129,20 @@ def gateway_spec(
         gw.host,
         "--port",
         str(gw.port),
+        "--supervisor-url",
+        supervisor_url(control),
     )
     return ProcessSpec(argv, env, control.root)
+
+
+def supervisor_url(control: ControlConfig) -> str:
+    """``http://host:port`` of the supervisor's API as its children reach it (a
+    wildcard listen address is reached on loopback)."""
+    sup = control.supervisor
+    host = "127.0.0.1" if sup.api_host in ("0.0.0.0", "") else sup.api_host
+    host = "::1" if host == "::" else host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{sup.api_port}"
 
 
 class ChildHandle(Protocol):
@@ -170,29 +195,16 @@ class ReactorSpawner:
 
     def spawn(self, spec: ProcessSpec, log: LogBuffer) -> ChildHandle:
         proto = _ChildProtocol(log)
+        env = dict(spec.env)
+        env[SUPERVISOR_PID_ENV] = str(os.getpid())  # at spawn: twistd may have forked
         transport = self.reactor.spawnProcess(
             proto,
             spec.argv[0],
             list(spec.argv),
-            env=dict(spec.env),
+            env=env,
             path=spec.cwd,
             childFDs={0: "w", 1: "r", 2: "r"},
         )
         proto.pid = transport.pid
         transport.closeStdin()
         return proto
-
-
-def set_parent_death_signal() -> None:
-    """In a child: own process group, and SIGTERM when the parent dies (Linux)."""
-    with contextlib.suppress(OSError):
-        os.setpgrp()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            pr_set_pdeathsig = 1
-            libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass

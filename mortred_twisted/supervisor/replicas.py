@@ -8,8 +8,10 @@ and the status of ``<id>`` lists each replica under ``"replicas"``.
 
 An **autoscaled** group (``floor`` given: its ``min_replicas``) holds a replica per
 port up to ``max_replicas`` but runs only some: :meth:`ReplicaGroup.start` starts
-the floor, :meth:`ReplicaGroup.scale_to` starts stopped members (then failed ones)
-in index order or stops the highest-numbered running ones, and :attr:`wanted` says
+the floor, :meth:`ReplicaGroup.scale_to` starts stopped members (then failed ones,
+then those whose port was held) in index order or stops the least useful ones
+(:func:`victims`: not ready first, then the idlest by busy workers, then the
+highest-numbered), and :attr:`wanted` says
 whether an operator has it on (a stop turns it off: the scaler then leaves it
 alone until the next start).
 """
@@ -23,9 +25,25 @@ from twisted.internet import defer
 from mortred_twisted.supervisor.monitor import ManagedServer
 
 #: How replica states fold into the group's: the first one any replica is in wins.
-_PRECEDENCE = ("running", "starting", "backoff", "failed", "stopped")
+_PRECEDENCE = ("running", "starting", "backoff", "failed", "start_failed", "stopped")
 #: Member states that count as up (the scaler's current count).
 _UP = frozenset({"starting", "running", "backoff"})
+
+
+def victims(up: list[tuple[int, bool, int | None]], count: int) -> list[int]:
+    """Which ``count`` members to stop, from ``(index, ready, busy workers)`` of the
+    members up: those not ready first (they serve nothing yet), then the ready ones
+    with the fewest busy workers (an unknown figure counts as busy: a replica whose
+    load could not be read is not assumed idle), the highest index first on ties.
+    A busy replica is stopped only when no idler one is left; its running work then
+    has ``stop_grace_s`` to finish (pure)."""
+
+    def cost(member: tuple[int, bool, int | None]) -> tuple[int, float, int]:
+        index, ready, busy = member
+        load = float("inf") if busy is None else float(busy)
+        return (1 if ready else 0, load if ready else 0.0, -index)
+
+    return [m[0] for m in sorted(up, key=cost)[:count]]
 
 
 def replica_id(server_id: str, index: int) -> str:
@@ -80,19 +98,26 @@ class ReplicaGroup:
         (what the count is)."""
         return [r for r in self.replicas if r.state in _UP and not r.stopping]
 
-    def scale_to(self, count: int) -> list[defer.Deferred[bool]]:
+    def scale_to(
+        self, count: int, busy: dict[int, int | None] | None = None
+    ) -> list[defer.Deferred[bool]]:
         """Start or stop members until ``count`` are up; the start Deferreds (each
-        fires True once that replica is ready). Stopped members are SIGTERMed and
-        drain as at any stop (a Redis replica hands its claims back)."""
+        fires True once that replica is ready). ``busy`` (member index -> busy
+        workers, as the scaler read them) picks who stops (:func:`victims`). Stopped
+        members are SIGTERMed and drain as at any stop (a Redis replica hands its
+        claims back)."""
         up = self.up()
         if count < len(up):
-            for replica in sorted(up, key=lambda r: (r.ready, -self.replicas.index(r)))[
-                : len(up) - count
-            ]:
-                replica.stop()
+            known = busy or {}
+            members = [
+                (self.replicas.index(r), r.ready, known.get(self.replicas.index(r))) for r in up
+            ]
+            for index in victims(members, len(up) - count):
+                self.replicas[index].stop()
             return []
         idle = [r for r in self.replicas if r.state == "stopped"]
         idle += [r for r in self.replicas if r.state == "failed"]
+        idle += [r for r in self.replicas if r.state == "start_failed"]
         return [r.start() for r in idle[: count - len(up)]]
 
     def member(self, server_id: str) -> ManagedServer | None:

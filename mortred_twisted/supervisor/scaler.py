@@ -4,11 +4,11 @@ Every ``interval_s`` it measures (:class:`Meter`: the backlog from the Redis job
 store, the synchronous requests in flight on the ready replicas), asks the pure
 :class:`~mortred_twisted.supervisor.autoscale.AutoscalePolicy`, and moves the
 :class:`~mortred_twisted.supervisor.replicas.ReplicaGroup` to the desired count
-(:meth:`ReplicaGroup.scale_to`: a stopped replica gets SIGTERM and drains as at any
-stop — on Redis its running jobs finish within the model's grace or are handed back
-to the queue, its pending jobs were never its own). A tick never overlaps the
-previous one; the loop acts only while the group is ``wanted`` (an operator's stop
-turns it off).
+(:meth:`ReplicaGroup.scale_to`: the idlest replicas by busy workers are stopped
+first; a stopped replica gets SIGTERM and drains as at any stop — on Redis its
+running jobs finish within the model's grace or are handed back to the queue, its
+pending jobs were never its own). A tick never overlaps the previous one; the loop
+acts only while the group is ``wanted`` (an operator's stop turns it off).
 
 Each decision that changes the count or its reason is a log line; the last one is in
 :meth:`Scaler.status` (``/api/v1/status``, ``mortredctl status``) and in the
@@ -163,10 +163,17 @@ class Scaler:
 
     async def _tick(self) -> Decision | None:
         reading = await self.meter.backlog()
-        ready = [i for i, r in enumerate(self.group.replicas) if r.ready and not r.stopping]
+        replicas = self.group.replicas
+        ready = [i for i, r in enumerate(replicas) if r.ready and not r.stopping]
+        # Draining replicas still run jobs that hold leases (counted in
+        # ``reading.running``): their busy workers are read too, or the subtraction
+        # below would take their jobs off the ready replicas' sync requests.
+        draining = [i for i, r in enumerate(replicas) if r.stopping and r.pid is not None]
+        read = ready + draining
         busy = await defer.gatherResults(
-            [self.meter.busy_workers(self._url_of(i)) for i in ready], consumeErrors=True
+            [self.meter.busy_workers(self._url_of(i)) for i in read], consumeErrors=True
         )
+        by_index = dict(zip(read, busy, strict=True))
         self.backlog = reading.backlog
         inflight: int | None = None
         if reading.running is not None:
@@ -192,7 +199,7 @@ class Scaler:
         if decision.desired != m.current:
             if m.current == 0 and decision.desired > 0 and self._cold_since is None:
                 self._cold_since = now
-            for started in self.group.scale_to(decision.desired):
+            for started in self.group.scale_to(decision.desired, by_index):
                 started.addCallback(self._replica_started)
         return decision
 

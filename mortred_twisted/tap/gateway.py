@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -30,7 +31,6 @@ from mortred_twisted.config.control import (
     with_overrides,
 )
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.cold_start import ColdStart, supervisor_wake
@@ -40,6 +40,7 @@ from mortred_twisted.http.gateway_admission import ColdAdmission
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.http11.server import HTTPServerFactory
+from mortred_twisted.supervisor.process import supervisor_url
 
 log = Logger()
 
@@ -54,10 +55,20 @@ class Options(usage.Options):
         ["api-keys", None, None, "API key file (overrides [gateway] api_keys)."],
         ["grace", None, "5", "Seconds requests in progress may take to finish on SIGTERM."],
         ["read-timeout", None, "60", "Seconds a request head, then its body, may take (408)."],
+        [
+            "supervisor-url",
+            None,
+            None,
+            "The supervisor's API (http://host:port) for cold-start wakes "
+            "(default: [supervisor] api_host:api_port of --config).",
+        ],
     ]
     optFlags = [["access-log", None, "Log every request (costs throughput)."]]
 
     def postOptions(self) -> None:
+        url = self["supervisor-url"]
+        if url is not None and not re.fullmatch(r"https?://[^/?#\s]+", url):
+            raise usage.UsageError(f"--supervisor-url must be http(s)://host:port, not {url!r}")
         for name in ("grace", "read-timeout"):
             try:
                 self[name] = float(self[name])
@@ -163,16 +174,22 @@ class GatewayService(service.MultiService):
 
 
 def cold_start(
-    config: ControlConfig, catalog: Any, http: Any, internal_token: str, reactor: Any
+    config: ControlConfig,
+    catalog: Any,
+    http: Any,
+    internal_token: str,
+    reactor: Any,
+    supervisor: str | None = None,
 ) -> ColdStart | None:
     """Cold starts held for the autoscaled ids (None when there are none): the
-    supervisor of this config's ``[supervisor] api_host:api_port`` is woken."""
+    supervisor at ``supervisor`` (its API's base URL: the supervisor passes its own
+    with ``--supervisor-url``) is woken, by default the one of this config's
+    ``[supervisor] api_host:api_port``."""
     if not any(e.autoscale is not None for e in catalog.values()):
         return None
-    sup = config.supervisor
-    host = "127.0.0.1" if sup.api_host in ("0.0.0.0", "") else sup.api_host
-    host = f"[{host}]" if ":" in host else host
-    wake = supervisor_wake(http, f"http://{host}:{sup.api_port}", internal_token)
+    url = supervisor or supervisor_url(config)
+    log.info("cold starts wake the supervisor at {url}", url=url)
+    wake = supervisor_wake(http, url, internal_token)
     return ColdStart(catalog, wake, reactor)
 
 
@@ -205,7 +222,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     )
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))
-    cold = cold_start(config, catalog, upstream, internal_token, reactor)
+    cold = cold_start(config, catalog, upstream, internal_token, reactor, options["supervisor-url"])
     if cold is not None:
         metrics.watch_cold_start(cold)
     app = GatewayApp(
@@ -256,7 +273,6 @@ def makeService(options: Options) -> service.IService:
     from twisted.internet import reactor
 
     try:
-        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         return build_service(options, reactor, dict(os.environ))
     except Exception as exc:  # startup errors: one clear line, non-zero exit
         print(f"mortred-gateway: {exc}", file=sys.stderr)

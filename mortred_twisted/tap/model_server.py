@@ -10,13 +10,17 @@ order, stopped in reverse)::
       └─ job-store upkeep     retention; leases and reclaim for a shared store
 
 Startup refuses (usage error, non-zero exit) on an invalid config and on a
-non-loopback listen host without an auth token (fail-closed). A model that fails
+non-loopback listen host without an auth token (fail-closed). A port it cannot
+listen on (another process holds it) is a failed start: the reason is logged, no
+model is loaded, and the process exits with
+:data:`~mortred_twisted.supervisor.child_contract.EXIT_CANNOT_LISTEN`. A model that fails
 to load does not stop the process: it stays up and answers ``/ready`` 503 with the
 error, so a supervisor sees why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -32,7 +36,6 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
@@ -44,6 +47,7 @@ from mortred_twisted.runtime.deadline import within
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 from mortred_twisted.runtime.threads import ModelThreadPool
 from mortred_twisted.runtime.validation_twin import publish_twin
+from mortred_twisted.supervisor.child_contract import EXIT_CANNOT_LISTEN, spawn_key_from
 
 log = Logger()
 
@@ -99,6 +103,10 @@ class ModelServerService(Service):
         self._port: Any = None
         self._site: ModelPortFactory | None = None
         self.listening: Deferred[Any] = Deferred()
+        #: why the port could not be opened (None: it was, or not tried yet)
+        self.cannot_listen: str | None = None
+        #: the exit status after a failed listen (tests set None: no exit)
+        self.exit_code: int | None = EXIT_CANNOT_LISTEN
 
     def startService(self) -> None:
         super().startService()
@@ -134,10 +142,17 @@ class ModelServerService(Service):
         def cannot_listen(failure: Any) -> None:
             log.critical("cannot listen on {host}:{port}: {f}", host=cfg.host,
                          port=cfg.port, f=failure.getErrorMessage())  # fmt: skip
+            self.cannot_listen = failure.getErrorMessage()
             self.listening.errback(failure)
+            # A failed start, not a clean exit: the supervisor must not count it.
+            self._reactor.addSystemEventTrigger(
+                "after", "shutdown", exit_now, self.exit_code, self._reactor
+            )
             self._reactor.callLater(0, self._reactor.stop)
 
         d.addCallbacks(listening, cannot_listen)
+        if self.cannot_listen is not None:
+            return  # nothing to serve: load nothing, connect nothing
         self.runtime.start_store()
         loaded = self.runtime.load_models()
         loaded.addBoth(self._freeze_loaded)
@@ -208,6 +223,18 @@ class ModelServerService(Service):
         return d
 
 
+def exit_now(code: int | None, reactor: Any) -> None:
+    """After the reactor's shutdown: flush the log and exit with ``code`` (twistd
+    itself would exit 0). ``None`` does nothing (in-process tests)."""
+    if code is None:
+        return
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(code)
+
+
 class OrderedServices(MultiService):
     """Starts children in order and stops them in reverse, each stop waiting for the
     previous one's Deferred (``MultiService`` stops them all at once: the thread pool
@@ -255,7 +282,7 @@ def build_service(
         io_threads=lambda fn, *args: deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args),
     )  # fmt: skip
     limiter = RateLimiter(reactor.seconds) if config.rate_limit_qps > 0 else None
-    app = ModelServerApp(runtime, rate_limiter=limiter)
+    app = ModelServerApp(runtime, rate_limiter=limiter, spawn_key=spawn_key_from(os.environ))
     server = ModelServerService(
         runtime, app, reactor=reactor, grace_s=grace_s, access_log=access_log
     )
@@ -300,7 +327,6 @@ def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     try:
-        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         config = load_server_config(options["config"])
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)

@@ -10,6 +10,12 @@ never written to the twistd log:
 * ``MORTRED_GATEWAY_AUTH_TOKEN``: gateway inference (passed to the gateway child);
 * ``MORTRED_INTERNAL_TOKEN``: gateway → models (models get it as ``MORTRED_AUTH_TOKEN``).
 
+Before autostart, children left on its ports by an earlier run are stopped and ports
+held by other processes are reported (:mod:`~mortred_twisted.supervisor.leftovers`);
+a child whose port is held is not started (``start_failed``), and a model child is
+ready only once it proves it holds its spawn key
+(:mod:`~mortred_twisted.supervisor.child_contract`).
+
 SIGTERM / Ctrl-C: models are stopped (SIGTERM, then SIGKILL after the grace), then
 the gateway, then the supervisor exits; twistd waits on :meth:`stopService`.
 This is the one place that falls back to the global reactor.
@@ -26,6 +32,7 @@ from typing import IO, Any
 
 from treq.client import HTTPClient
 from twisted.application import internet, service
+from twisted.internet.defer import succeed
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent
@@ -33,12 +40,12 @@ from twisted.web.client import Agent
 from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
-from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.config.server import redis_address
 from mortred_twisted.http.supervisor_api import SupervisorApi
 from mortred_twisted.http11.auth import is_loopback_host
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.upstream import UpstreamClient, quiet_pool
+from mortred_twisted.supervisor.leftovers import stop_leftovers
 from mortred_twisted.supervisor.logs import LogBuffer
 from mortred_twisted.supervisor.meter import StoreMeter, child_config
 from mortred_twisted.supervisor.metrics import supervisor_registry
@@ -49,6 +56,7 @@ from mortred_twisted.supervisor.monitor import (
     http_prober,
 )
 from mortred_twisted.supervisor.policy import RestartTracker
+from mortred_twisted.supervisor.ports import describe_holders, listeners, port_free
 from mortred_twisted.supervisor.process import ReactorSpawner, gateway_spec, model_spec
 from mortred_twisted.supervisor.replicas import ReplicaGroup, replica_id
 from mortred_twisted.supervisor.scaler import Scaler
@@ -162,6 +170,7 @@ class SupervisorService(service.MultiService):
         banner: str,
         secrets: str = "",
         show: Callable[[str], bool] = show_on_terminal,
+        leftovers: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
         self.supervisor = supervisor
@@ -169,6 +178,9 @@ class SupervisorService(service.MultiService):
         self.banner = banner
         self.secrets = secrets
         self.show = show
+        #: stops an earlier run's children on our ports before autostart (fires
+        #: when done); None: nothing to look at
+        self.leftovers = leftovers
         #: the autoscalers' store meters (started and stopped with the service)
         self.meters: list[Any] = []
 
@@ -185,7 +197,9 @@ class SupervisorService(service.MultiService):
             meter.start()
         for scaler in self.supervisor.scalers.values():
             scaler.start()
-        d = self.supervisor.start_all(self.autostart)
+        d = self.leftovers() if self.leftovers is not None else succeed(None)
+        d.addErrback(lambda f: log.failure("looking for leftovers failed", f))
+        d.addCallback(lambda _: self.supervisor.start_all(self.autostart))
         d.addCallback(lambda r: log.info("autostart finished: {r}", r=r))
 
     def stopService(self) -> Any:
@@ -231,7 +245,18 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
     log_dir = config.path(sup.log_dir)
     rotate = int(sup.log_rotate_mb * 1024 * 1024)
 
-    def managed(sid: str, kind: str, spec: Any, url: str, policy: str, cat: str) -> ManagedServer:
+    def port_check(host: str, port: int) -> str | None:
+        return None if port_free(host, port) else describe_holders(listeners(port))
+
+    def managed(
+        sid: str,
+        kind: str,
+        spec: Any,
+        url: str,
+        policy: str,
+        cat: str,
+        listen: tuple[str, int] | None = None,
+    ) -> ManagedServer:
         return ManagedServer(
             sid,
             kind=kind,
@@ -246,7 +271,13 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
                 file_path=log_dir / f"{sid}.log", rotate_bytes=rotate, keep=sup.log_keep
             ),
             timing=timing,
+            listen=listen,
+            port_check=port_check,
+            verify_identity=kind == "model",
         )
+
+    def address(e: CatalogEntry, replica: int = 0) -> tuple[str, int] | None:
+        return (e.host, e.port + replica) if e.port else None
 
     scaled: list[tuple[ReplicaGroup, CatalogEntry]] = []
 
@@ -254,13 +285,21 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         if e.replicas == 1 and e.autoscale is None:
             spec = model_spec(e, config, internal_token, env)
             return managed(e.id, "model", spec, f"{e.base_url}/ready", e.restart_policy,
-                           e.category)  # fmt: skip
+                           e.category, address(e))  # fmt: skip
         replicas = []
         for i in range(e.replicas):
             spec = model_spec(e, config, internal_token, env, replica=i)
             url = f"{e.replica_url(i)}/ready"
             replicas.append(
-                managed(replica_id(e.id, i), "model", spec, url, e.restart_policy, e.category)
+                managed(
+                    replica_id(e.id, i),
+                    "model",
+                    spec,
+                    url,
+                    e.restart_policy,
+                    e.category,
+                    address(e, i),
+                )
             )
         if e.autoscale is None:
             return ReplicaGroup(e.id, replicas)
@@ -283,6 +322,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             f"http://{probe_host}:{gw.port}/healthz",
             sup.restart_policy if sup.restart_policy != "no" else "on-failure",
             "control",
+            (gw.host or "0.0.0.0", gw.port) if gw.port else None,
         )
     supervisor = Supervisor(models, gateway=gateway, start_concurrency=sup.start_concurrency)
     proxy_pool = quiet_pool(reactor)
@@ -356,7 +396,16 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             secret_lines.append(
                 f"  web UI sign-in link: http://{sup.api_host}:{sup.api_port}/#token={api_token}"
             )
-    svc = SupervisorService(supervisor, autostart, "\n".join(lines), "\n".join(secret_lines))
+    children: list[ManagedServer] = []
+    for s in supervisor.all():
+        children.extend(getattr(s, "replicas", [s]))
+    svc = SupervisorService(
+        supervisor,
+        autostart,
+        "\n".join(lines),
+        "\n".join(secret_lines),
+        leftovers=lambda: stop_leftovers(children, reactor, timing.grace),
+    )
     svc.meters = meters
     internet.TCPServer(
         sup.api_port, site, interface=sup.api_host, reactor=reactor
@@ -369,7 +418,6 @@ def makeService(options: Options) -> service.IService:
     from twisted.internet import reactor
 
     try:
-        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         return build_service(options, reactor, dict(os.environ))
     except (usage.UsageError, ConfigErrors) as exc:
         print(f"mortred-supervisor: {exc}", file=sys.stderr)

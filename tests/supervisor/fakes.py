@@ -48,7 +48,10 @@ class FakeProber:
     def __init__(self) -> None:
         self.ready: dict[str, bool] = {}
         self.calls: list[str] = []
+        #: the spawn key each probe was asked to verify (None: no identity check)
+        self.keys: list[str | None] = []
 
-    def __call__(self, url: str) -> defer.Deferred[bool]:
+    def __call__(self, url: str, key: str | None = None) -> defer.Deferred[bool]:
         self.calls.append(url)
+        self.keys.append(key)
         return defer.succeed(self.ready.get(url, False))
