@@ -15,7 +15,7 @@ RUN_ARGS   ?=
 
 .PHONY: FORCE run run-replicas run-model test test-fast install venv lint bench bench-gateway clean \
 	train-diffusion eval-diffusion bench-diffusion train-perception eval-perception bench-perception \
-	train-txt2img eval-txt2img
+	train-txt2img eval-txt2img image test-containers
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
@@ -79,6 +79,18 @@ run-replicas: $(INSTALL_STAMP)
 # One model server alone (no gateway, no supervisor).
 run-model: $(INSTALL_STAMP)
 	$(VENV)/bin/twistd -n --pidfile= mortred-model --config $(RUN_CONFIG)
+
+# The container image (Containerfile, built with podman): mortred-twisted:<version> and
+# mortred-twisted:latest. Where no registry serves python:3.11-slim the base is built from
+# Debian's packages first (deploy/container/build-base.sh; MORTRED_LOCAL_BASE=1 skips the
+# pull attempt). Run it: docker-compose.yml; docs/operations.md § Containers.
+image:
+	deploy/container/build-image.sh
+
+# The container tests alone (they also run in `make test`): build (or reuse by the hash
+# of the build inputs), compose up, the customer flow, drain and restart on Redis.
+test-containers: $(INSTALL_STAMP)
+	$(PY) -m pytest -q tests/containers
 
 # pytest, then trial for the model-testing harness's trial suite (its TestCase must
 # work under both runners; PYTHONPATH: the checkout, as pytest sees it).
