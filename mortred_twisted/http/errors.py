@@ -81,10 +81,10 @@ def to_api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, InputTooLarge):  # before InvalidRequest, its base class
         return ApiError(ENTITY_TOO_LARGE, f"input too large: {exc}")
+    if isinstance(exc, InputDecodeError):  # before InvalidRequest: sdk UnreadableImage is both
+        return ApiError(EMPTY_OR_UNDECODABLE_INPUT, f"invalid input: {exc}")
     if isinstance(exc, InvalidRequest):
         return ApiError(INVALID_REQUEST, f"invalid request: {exc}")
-    if isinstance(exc, InputDecodeError):
-        return ApiError(EMPTY_OR_UNDECODABLE_INPUT, f"invalid input: {exc}")
     if isinstance(exc, QueueFull):
         return ApiError(TOO_MANY_REQUESTS, str(exc), {"Retry-After": "1"})
     if isinstance(exc, RunTimeout):

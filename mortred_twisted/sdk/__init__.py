@@ -13,8 +13,10 @@
 These names are the contract (docs/models/your-own.md): :class:`ServedModel`,
 :class:`Input`, :class:`Image`, :class:`File`, :class:`Context`, and the errors a
 model may raise on purpose (:class:`InvalidRequest` → 422, :class:`InputDecodeError`
-→ 400, :class:`RunCancelled` from ``ctx.check_cancelled()``) or that loading raises
-(:class:`DeclarationError`, a :class:`ModelLoadError`).
+→ 400, :class:`RunCancelled` from ``ctx.check_cancelled()``), that validation raises
+for an unreadable image input (:class:`UnreadableImage`: an ``InvalidRequest`` and an
+``InputDecodeError``, 400) or that loading raises (:class:`DeclarationError`, a
+:class:`ModelLoadError`).
 """
 
 from mortred_twisted.model_api.base import (
@@ -25,7 +27,7 @@ from mortred_twisted.model_api.base import (
 )
 from mortred_twisted.sdk.context import Context
 from mortred_twisted.sdk.declaration import Declaration, DeclarationError, Input, declare
-from mortred_twisted.sdk.media import File, Image
+from mortred_twisted.sdk.media import File, Image, UnreadableImage
 from mortred_twisted.sdk.served import ServedModel
 
 __all__ = [
@@ -40,5 +42,6 @@ __all__ = [
     "ModelLoadError",
     "RunCancelled",
     "ServedModel",
+    "UnreadableImage",
     "declare",
 ]

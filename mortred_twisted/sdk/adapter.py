@@ -137,10 +137,14 @@ class SdkModel(Model):
             value = request.params.get(decl.name)
             if decl.binary and value is not None:
                 make = Image if decl.kind == "image" else File
+                where = f"params.{decl.name}"
                 if decl.is_list:
-                    value = [self._media(make, ref, request) for ref in value]
+                    value = [
+                        self._media(make, ref, request, f"{where}[{i}]")
+                        for i, ref in enumerate(value)
+                    ]
                 else:
-                    value = self._media(make, value, request)
+                    value = self._media(make, value, request, where)
             kwargs[decl.name] = value
         return kwargs
 
@@ -148,7 +152,9 @@ class SdkModel(Model):
         params = request.params
         kwargs = {spec.name: params.get(spec.name) for spec in self.params_schema}
         if self._image_name is not None:
-            kwargs[self._image_name] = [Image(data) for data in request.images]
+            kwargs[self._image_name] = pictures = [Image(data) for data in request.images]
+            for i, picture in enumerate(pictures):
+                picture.source = f"images[{i}]"  # the seed envelope's name for them
         return kwargs
 
     def encoder(self, ctx: RunContext) -> Any:
@@ -157,8 +163,12 @@ class SdkModel(Model):
         return _VERBATIM if self.seed else OutputEncoder(ctx.result_files)
 
     @staticmethod
-    def _media(make: type[File], ref: Mapping[str, Any], request: InferenceRequest) -> File:
-        return make(request.images[ref[FILE_REF]], ref.get("content_type"), name=ref.get("name"))
+    def _media(
+        make: type[File], ref: Mapping[str, Any], request: InferenceRequest, where: str
+    ) -> File:
+        value = make(request.images[ref[FILE_REF]], ref.get("content_type"), name=ref.get("name"))
+        value.source = where  # a decoding error names the input
+        return value
 
     def _context(self, ctx: RunContext, request_id: str, encoder: Any) -> Context:
         counts: dict[str, int] = {}

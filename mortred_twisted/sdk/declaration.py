@@ -245,6 +245,13 @@ class Declaration:
                 return decl
         return None
 
+    def resolve(self, name: str) -> InputDecl | None:
+        """The input ``name`` names: a declared name, or a renamed input's old one."""
+        for old, new in self.renamed:
+            if old == name:
+                return self.input(new)
+        return self.input(name)
+
     @property
     def image_input(self) -> InputDecl | None:
         """The single ``Image``/``list[Image]`` input the seed envelope's ``images``
@@ -257,7 +264,8 @@ class Declaration:
         return {
             "type": "object",
             "additionalProperties": False,
-            "required": [d.name for d in self.inputs if d.required],
+            # an input that applies only when another has some value is required then
+            "required": [d.name for d in self.inputs if d.required and d.only_when is None],
             "properties": {d.name: d.json_schema() for d in self.inputs},
         }
 

@@ -28,8 +28,49 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from mortred_twisted.model_api.base import InputDecodeError, InvalidRequest
+
 #: Content types an ``Image`` input accepts when the sender names one.
-IMAGE_CONTENT_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
+IMAGE_CONTENT_TYPES = (
+    "image/png",
+    "image/jpeg",
+    "image/webp",
+    "image/bmp",
+    "image/gif",
+    "image/tiff",
+)
+#: The picture formats an ``Image`` input takes (Pillow reads no other for a
+#: request: ``model_api/image_header.ACCEPTED_FORMATS``), as messages name them.
+ACCEPTED_IMAGES = "PNG, JPEG, WebP, BMP, GIF or TIFF"
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+class UnreadableImage(InvalidRequest, InputDecodeError):
+    """An ``Image`` input whose bytes are no picture the server reads: empty, not an
+    accepted format, or a header cut short. Found before admission (from the header:
+    nothing is decoded), it names the input (``field``: ``params.<input>``) and the
+    accepted formats. It is an :class:`InvalidRequest` (what a harness test catches)
+    *and* an :class:`InputDecodeError`: the server answers it like every undecodable
+    image, HTTP 400 with code 3 (``invalid input: params.image: …``)."""
+
+
+def unreadable_reason(message: str) -> str:
+    """Pillow's complaint about undecodable bytes, for a client: no object reprs
+    (``<_io.BytesIO object at 0x…>``), "cannot identify" said as an unknown format."""
+    text = message.removeprefix("cannot decode image: ").strip()
+    if text.startswith("cannot identify image file"):
+        return "not a known image format"
+    if "truncated" in text.lower():
+        return "truncated"
+    text = _OBJECT_REPR.sub("", text).strip()
+    return text or "unreadable"
+
+
+def unreadable_message(reason: str) -> str:
+    """What an unreadable ``Image`` input is told (after its ``params.<input>: ``)."""
+    return f"not a readable image ({reason}); accepted: {ACCEPTED_IMAGES}"
+
 
 _SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 
@@ -39,6 +80,8 @@ _SNIFF = (
     (b"GIF87a", "image/gif"),
     (b"GIF89a", "image/gif"),
     (b"BM", "image/bmp"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
 )
 
 
@@ -60,7 +103,7 @@ def _remove(path: str) -> None:
 class File:
     """Bytes with a content type and an optional file name (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_data", "_path", "content_type", "name")
+    __slots__ = ("__weakref__", "_data", "_path", "content_type", "name", "source")
 
     def __init__(
         self,
@@ -75,6 +118,9 @@ class File:
         self.content_type = content_type or self._guess_type(name)
         self.name = name
         self._path: str | None = None
+        #: the request field this value came from (``params.image``), set by the
+        #: server for an input; decoding errors name it
+        self.source: str | None = None
 
     def _guess_type(self, name: str | None) -> str:
         guessed = mimetypes.guess_type(name)[0] if name else None
@@ -168,18 +214,23 @@ class Image(File):
     def to_pil(self, mode: str | None = None) -> Any:
         """The decoded picture (Pillow), converted to ``mode`` when given.
 
-        Raises :class:`~mortred_twisted.model_api.base.InputDecodeError` (HTTP 400) when
-        the bytes are not a picture."""
+        Raises :class:`~mortred_twisted.model_api.base.InputDecodeError` (HTTP 400,
+        code 3) when the bytes are not a picture of an accepted format or their pixels
+        do not decode (a file cut short after a readable header): the message names
+        the input (:attr:`source`) and the accepted formats."""
         from PIL import Image as PILImage
-        from PIL import UnidentifiedImageError
 
-        from mortred_twisted.model_api.base import InputDecodeError
+        from mortred_twisted.model_api.image_header import ACCEPTED_FORMATS, OPEN_ERRORS
 
         try:
-            picture = PILImage.open(io.BytesIO(self._data))
+            if not self._data:
+                raise ValueError("empty")
+            picture = PILImage.open(io.BytesIO(self._data), formats=ACCEPTED_FORMATS)
             picture.load()
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise InputDecodeError(f"cannot decode image: {exc}") from None
+        except (*OPEN_ERRORS, PILImage.DecompressionBombError) as exc:
+            where = self.source or "image"
+            reason = unreadable_reason(str(exc))
+            raise InputDecodeError(f"{where}: {unreadable_message(reason)}") from None
         return picture.convert(mode) if mode else picture
 
     def to_numpy(self, mode: str | None = "RGB") -> Any:

@@ -15,9 +15,22 @@ envelope's ``images``, and returns:
 Every problem raises :class:`~mortred_twisted.model_api.base.InvalidRequest` naming
 ``params.<input>`` (``params.<input>[i]`` for a list item): unknown key (with the
 closest name), required input missing, wrong type, bound, choice, length, item count.
-Image inputs are checked from their headers against the model's input limits
-(:class:`~mortred_twisted.model_api.base.InputTooLarge`, 413; an unreadable header is
-:class:`~mortred_twisted.model_api.base.InputDecodeError`, 400).
+Image inputs are checked from their headers (nothing is decoded): over the model's
+input limits is :class:`~mortred_twisted.model_api.base.InputTooLarge` (413); empty,
+not an accepted format or a header cut short is
+:class:`~mortred_twisted.sdk.media.UnreadableImage` (an ``InvalidRequest`` and an
+``InputDecodeError``: 400, code 3), naming the input and the accepted formats.
+
+The declaration's cross-input rules apply here as on the seed contract:
+
+* ``renamed_inputs``: an old name is taken as the new one (both given: a 422 on the
+  old); an error about such an input names the old name and says
+  ``(<old> is now <new>)``.
+* ``only_when``: an input given while its condition does not hold is a 422
+  (``applies only to …``), its default is then not filled in (``predict`` gets
+  None), and a required one is required only while it applies
+  (:func:`~mortred_twisted.sdk.constraints.drop_inapplicable`). A null value counts
+  as not given, as everywhere on this contract.
 """
 
 from __future__ import annotations
@@ -31,7 +44,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mortred_twisted.model_api.base import InputDecodeError, InputTooLarge, InvalidRequest
-from mortred_twisted.sdk.media import IMAGE_CONTENT_TYPES, sniff_image_type
+from mortred_twisted.sdk.media import (
+    IMAGE_CONTENT_TYPES,
+    UnreadableImage,
+    sniff_image_type,
+    unreadable_message,
+    unreadable_reason,
+)
 
 if TYPE_CHECKING:
     from mortred_twisted.model_api.input_limits import InputLimits
@@ -148,6 +167,8 @@ class _Files:
         else:
             raise _bad(where, "must be a base64 string, a data: URI or a multipart file part")
         if not data:
+            if decl.kind == "image":
+                raise UnreadableImage(where, unreadable_message("empty"))
             raise _bad(where, "is empty")
         if decl.kind == "image":
             sniffed = sniff_image_type(data[:16])
@@ -162,29 +183,80 @@ class _Files:
         return ref
 
     def check_images(self) -> None:
-        if self.limits is None or not self.images:
+        """Every image input's header read (nothing decoded): readable, an accepted
+        format, within the limits."""
+        if not self.images:
             return
-        from mortred_twisted.model_api.input_limits import InputLimits, check_input_limits
+        from mortred_twisted.model_api.input_limits import check_input_limits
 
-        if self.limits.max_images is not None and len(self.images) > self.limits.max_images:
-            check_input_limits([b for _, b in self.images], self.limits)  # raises 413
-        if self.limits.max_pixels is None:
-            return
-        per_image = InputLimits(max_images=None, max_pixels=self.limits.max_pixels)
+        limits = self.limits
+        max_images = limits.max_images if limits is not None else None
+        if limits is not None and max_images is not None and len(self.images) > max_images:
+            check_input_limits([b for _, b in self.images], limits)  # raises 413
+        from mortred_twisted.model_api.image_header import MAX_PIXELS, image_header_size
+
+        max_pixels = limits.max_pixels if limits is not None else None
         for where, data in self.images:
             try:
-                check_input_limits([data], per_image)
-            except InputTooLarge as exc:
-                raise InputTooLarge(where, exc.message, limit=exc.limit, value=exc.value) from None
+                width, height = image_header_size(data)
+            except InputTooLarge as exc:  # over Pillow's own decompression-bomb guard
+                raise InputTooLarge(
+                    where,
+                    f"{exc.message}; this model takes at most max_pixels = "
+                    f"{max_pixels or MAX_PIXELS} per image",
+                    limit="max_pixels",
+                    value=max_pixels or MAX_PIXELS,
+                ) from None
             except InputDecodeError as exc:
-                text = str(exc).removeprefix("images[0]: ")
-                raise InputDecodeError(f"{where}: {text}") from None
+                reason = unreadable_reason(str(exc))
+                raise UnreadableImage(where, unreadable_message(reason)) from None
+            if max_pixels is not None and width * height > max_pixels:
+                raise InputTooLarge(
+                    where,
+                    f"{width}x{height} = {width * height} pixels; this model takes at "
+                    f"most max_pixels = {max_pixels} per image",
+                    limit="max_pixels",
+                    value=max_pixels,
+                )
 
 
 def _value(decl: InputDecl, value: Any, where: str, files: _Files, from_text: bool) -> Any:
     if decl.binary:
         return files.add(decl, value, where)
     return check_scalar(decl, value, where, from_text=from_text)
+
+
+def _renames(
+    declaration: Declaration, params: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``params`` with renamed inputs' old names taken as the new ones, and the old
+    name each new one was given under."""
+    out = dict(params)
+    given_as: dict[str, str] = {}
+    for old, new in declaration.renamed:
+        if old in out:
+            if new in out:
+                raise _bad(f"params.{old}", f"replaced by params.{new}; give only {new}")
+            out[new] = out.pop(old)
+            given_as[new] = old
+    return out, given_as
+
+
+def _named_as_given(exc: InvalidRequest, given_as: Mapping[str, str]) -> InvalidRequest:
+    """``exc`` about an input the request named by its old name, naming that name
+    (``params.timesteps: … (timesteps is now sample_steps)``); others as they are."""
+    field = exc.field
+    if not field.startswith("params."):
+        return exc
+    rest = field.removeprefix("params.")
+    name = rest.split("[", 1)[0]
+    old = given_as.get(name)
+    if old is None:
+        return exc
+    exc.field = f"params.{old}{rest[len(name) :]}"
+    exc.message = f"{exc.message} ({old} is now {name})"
+    exc.args = (f"{exc.field}: {exc.message}",)
+    return exc
 
 
 def validate_inputs(
@@ -197,12 +269,27 @@ def validate_inputs(
 ) -> tuple[dict[str, Any], tuple[bytes, ...]]:
     """See the module docstring. ``from_text``: scalar values may be text (a
     multipart submit's fields)."""
-    from mortred_twisted.sdk.declaration import DEFAULT_MAX_ITEMS
-
     if params is None:
         params = {}
     if not isinstance(params, Mapping):
         raise InvalidRequest("params", "must be a JSON object")
+    params, given_as = _renames(declaration, params)
+    try:
+        return _validate(declaration, params, images, limits, from_text)
+    except InvalidRequest as exc:
+        raise _named_as_given(exc, given_as) from None
+
+
+def _validate(
+    declaration: Declaration,
+    params: dict[str, Any],
+    images: Sequence[bytes],
+    limits: InputLimits | None,
+    from_text: bool,
+) -> tuple[dict[str, Any], tuple[bytes, ...]]:
+    from mortred_twisted.sdk.constraints import drop_inapplicable
+    from mortred_twisted.sdk.declaration import DEFAULT_MAX_ITEMS
+
     names = [d.name for d in declaration.inputs]
     for key in params:
         if declaration.input(str(key)) is None:
@@ -212,7 +299,6 @@ def validate_inputs(
                 f"params.{key}",
                 f"unknown input{suffix}; accepted: {', '.join(names) or 'none'}",
             )
-    params = dict(params)
     if images:
         target = declaration.image_input
         if target is None:
@@ -224,12 +310,16 @@ def validate_inputs(
             raise _bad("images", f"this model takes one image (params.{target.name})")
     files = _Files(limits)
     out: dict[str, Any] = {}
+    missing: list[str] = []
     for decl in declaration.inputs:
         where = f"params.{decl.name}"
         value = params.get(decl.name)
         if value is None:
             if decl.required:
-                raise _bad(where, "is required")
+                if decl.only_when is None:
+                    raise _bad(where, "is required")
+                missing.append(decl.name)  # required only while it applies
+                continue
             out[decl.name] = (
                 decl.default if not decl.is_list or decl.default is None else list(decl.default)
             )
@@ -251,5 +341,7 @@ def validate_inputs(
             if isinstance(value, (list, tuple)) and not decl.binary:
                 raise _bad(where, f"must be a single {decl.kind}, not an array")
             out[decl.name] = _value(decl, value, where, files, from_text)
+    given = {name for name, value in params.items() if value is not None}
+    drop_inapplicable(declaration, out, given, missing=missing)
     files.check_images()
     return out, tuple(files.data)

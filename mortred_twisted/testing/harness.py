@@ -235,7 +235,7 @@ class ModelHarness:
         params: dict[str, Any] = {}
         images: tuple[bytes, ...] = ()
         for name, value in inputs.items():
-            decl = self.declaration.input(name)
+            decl = self.declaration.resolve(name)  # an old name of a renamed input too
             if decl is not None and decl.binary and value is not None:
                 where = f"params.{name}"
                 if decl.is_list and isinstance(value, (list, tuple)):
@@ -259,8 +259,11 @@ class ModelHarness:
         """The normalised params (defaults filled in; binary inputs as file references),
         checked exactly as the server checks a submit: raises
         :class:`~mortred_twisted.model_api.base.InvalidRequest` (``field``, ``message``;
-        the server answers 422 ``"invalid request: <field>: <message>"``),
-        ``InputTooLarge`` (413) or ``InputDecodeError`` (400). Never runs ``setup``."""
+        the server answers 422 ``"invalid request: <field>: <message>"``), or one of
+        its kinds with another status: ``InputTooLarge`` (413) and
+        :class:`~mortred_twisted.sdk.media.UnreadableImage` (400, code 3: an image
+        input that is empty, not an accepted format or cut short; also an
+        ``InputDecodeError``). Never runs ``setup``."""
         merged = {**(params or {}), **inputs}
         return dict(self._validator.validate(self._request(merged, "validate")).params)
 
@@ -381,7 +384,7 @@ def inputs_from_pairs(
         name = name.strip()
         if not sep or not name:
             raise ValueError(f"input {pair!r}: give name=value (or name=@file)")
-        decl = declaration.input(name)
+        decl = declaration.resolve(name)
         value: Any
         if text.startswith("@"):
             path = text[1:]

@@ -69,7 +69,7 @@ def test_defaults_fill_in_and_files_become_references() -> None:
         ({"image": B64, "stesp": 1}, "params.stesp", "did you mean 'steps'"),
         ({"image": "%%%"}, "params.image", "not valid base64"),
         ({"image": {"$file": 0}}, "params.image", "must be a base64 string"),
-        ({"image": ""}, "params.image", "is empty"),
+        ({"image": B64, "doc": ""}, "params.doc", "is empty"),
         ({"image": "data:text/plain;base64," + B64}, "params.image", "must be an image"),
         ({"image": "data:image/png," + B64}, "params.image", "must be base64"),
     ],
