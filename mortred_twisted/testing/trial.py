@@ -19,10 +19,21 @@
 runs it: off the reactor thread); the in-memory server (:meth:`serve`) runs on its
 own clock, so its calls have finished when their Deferreds are returned.
 Harnesses and servers are closed when the test ends.
+
+**Under pytest too.** A file may hold pytest functions and these test cases, and
+plain ``pytest`` runs both. pytest runs a trial ``TestCase`` through its unittest
+support, and trial then waits for each test by running the reactor itself; with the
+pytest-twisted plugin loaded (the ``test`` extra installs it), the reactor already
+runs in pytest-twisted's greenlet, so trial's wait returned at once and the test
+failed with ``DirtyReactorAggregateError``. :class:`ModelTestMixin` waits by
+switching to that greenlet instead when it is there (pytest-twisted's
+``_instances.gr_twisted``), and as trial does otherwise. Thread: the wait runs on
+the main thread, outside the reactor's greenlet (where pytest runs tests).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,13 +66,59 @@ class DeferredServer:
         return lambda *a, **kw: defer.maybeDeferred(call, *a, **kw)
 
 
+def _reactor_greenlet() -> Any | None:
+    """pytest-twisted's reactor greenlet when this process runs the reactor in it and
+    we are outside it; None otherwise (under trial, or without the plugin)."""
+    plugin = sys.modules.get("pytest_twisted")
+    found = getattr(getattr(plugin, "_instances", None), "gr_twisted", None)
+    if found is None or found.dead:
+        return None
+    import greenlet
+
+    return None if greenlet.getcurrent() is found else found
+
+
+def _wait_in_greenlet(reactor_greenlet: Any, d: defer.Deferred[Any]) -> None:
+    """Run the reactor (in its greenlet) until ``d`` fires. The switch back comes from
+    a timed call, not from ``d``'s callback: the reactor then has finished its calls
+    from threads, so trial's janitor may iterate it from here without running one of
+    them twice (``AlreadyCalledError``)."""
+    import greenlet
+    from twisted.internet import reactor
+
+    here = greenlet.getcurrent()
+    fired: list[Any] = []
+    waiting = [False]
+
+    def done(result: Any) -> Any:
+        fired.append(result)
+        if waiting[0]:
+            reactor.callLater(0, here.switch)  # type: ignore[attr-defined]
+        return result
+
+    d.addBoth(done)
+    if not fired:
+        waiting[0] = True
+        reactor_greenlet.switch()
+
+
 class ModelTestMixin:
     """The calls of :class:`ModelTestCase` for any trial ``TestCase``: set ``model``
-    (a class, ``module:Class`` or ``file.py:Class``) and ``options``."""
+    (a class, ``module:Class`` or ``file.py:Class``) and ``options``. Mixed in before
+    ``TestCase``, it also lets pytest run the test case (see the module docstring)."""
 
     model: Target | None = None
     options: Mapping[str, Any] | None = None
     addCleanup: Callable[..., None]
+
+    def _wait(self, d: defer.Deferred[Any], *args: Any, **kw: Any) -> None:
+        """trial's wait for a test's Deferred (its setUp, body, tearDown and
+        cleanups), through pytest-twisted's reactor greenlet when there is one."""
+        found = _reactor_greenlet()
+        if found is None:
+            super()._wait(d, *args, **kw)  # type: ignore[misc]
+            return
+        _wait_in_greenlet(found, d)  # trial's chain only succeeds: errors are on the result
 
     def harness(self, target: Target | None = None, **kw: Any) -> ModelHarness:
         """The test's harness of ``target`` (default: ``model``), made once."""
