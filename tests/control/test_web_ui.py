@@ -357,6 +357,24 @@ def test_jobs_page_live_progress_cancel_and_result(browser: WebDriver) -> None:
     assert row is not None and "state-done" in row["state"] and row["value"] == row["max"]
 
 
+def test_a_try_link_opens_try_it_on_that_model(browser: WebDriver, plane: ControlPlane) -> None:
+    """The servers table's "try it" link of PATTERNS opens Try-it on it: its form, a
+    params example from its declared inputs (no {"timesteps": 10}), the address
+    #try=PATTERNS; a page loaded at #try=SHARPEN opens on SHARPEN (issue 36.4)."""
+    wait_until(lambda: _click(browser, 'a[data-try="PATTERNS"]'), 10, "the try link")
+    form = (
+        "const f = document.getElementById('try-fields');"
+        "return f.getAttribute('data-model') === arguments[0] && f.getAttribute('data-kind');"
+    )
+    wait_until(lambda: browser.run(form, "PATTERNS") == "sdk", 20, "the form of PATTERNS")
+    example = browser.run("return document.getElementById('try-params').placeholder")
+    assert json.loads(example) == {"width": 256, "height": 256}
+    assert "try=PATTERNS" in browser.run("return location.hash")
+    browser.get(f"http://127.0.0.1:{plane.api_port}/?again=1#try=SHARPEN")
+    wait_until(lambda: browser.run(form, "SHARPEN") == "sdk", 20, "the form of SHARPEN")
+    assert browser.run("return document.getElementById('try-model').value") == "SHARPEN"
+
+
 def test_the_security_policy_blocks_nothing_the_page_uses(
     browser: WebDriver, plane: ControlPlane
 ) -> None:

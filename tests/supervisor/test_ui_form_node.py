@@ -251,6 +251,13 @@ def test_a_builtin_model_keeps_its_image_picker_and_the_json_envelope(
     assert "HTTP 200" in ui["builtinRun"]["state"]
 
 
+def test_the_params_placeholder_comes_from_the_models_inputs(ui: dict[str, Any]) -> None:
+    """No fixed {"timesteps": 10} (issue 36.4): the first two inputs that are no files,
+    with their defaults (or a value of their type)."""
+    assert json.loads(ui["sdkForm"]["placeholder"]) == {"amount": 1.0, "mode": "unsharp"}
+    assert json.loads(ui["builtinForm"]["placeholder"]) == {"delay_ms": 0, "mode": "sleep"}
+
+
 def test_a_bad_list_item_is_refused_before_any_request(ui: dict[str, Any]) -> None:
     """An integer list with a word in it: the page says which item, sends nothing."""
     assert ui["badState"] == "sizes[1]: must be an integer"

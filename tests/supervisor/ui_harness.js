@@ -44,7 +44,8 @@ for (const id of ["conn", "token-form", "token", "servers", "log-server", "log-f
   "try-form", "try-model", "try-mode", "try-image", "try-params", "try-submit", "try-state",
   "try-output", "try-json", "jobs-model", "jobs-filter", "jobs-state", "jobs-form", "jobs-image",
   "jobs-params", "jobs-submit", "jobs-list", "jobs-result-title", "jobs-output", "jobs-json",
-  "jobs-queue", "try-about", "try-image-label", "try-fields", "try-progress", "try-preview"]) {
+  "jobs-queue", "try-about", "try-image-label", "try-fields", "try-progress", "try-preview",
+  "try-panel"]) {
   ids[id] = new Node_(["log-server", "try-model", "try-mode", "jobs-model", "jobs-filter"].includes(id) ? "select" : "div");
 }
 for (const v of ["", "pending,running"]) { const o = new Node_("option"); o.setAttribute("value", v); ids["jobs-filter"].append(o); }
@@ -80,14 +81,22 @@ class FormData_ {
 
 const store = {};
 const revoked = [];
+// The address bar: the page's history.replaceState writes it (each write recorded),
+// a followed link's hashchange is fired by the mode that needs it.
+const addresses = [];
+const windowListeners = {};
+const location_ = { hash: scripted.hash || "#token=ui-token", pathname: "/", search: "" };
 const sandbox = {
   document: { getElementById: (id) => ids[id], createElement: (t) => new Node_(t) },
   fetch, console, JSON, Promise, Math, Object, Array, String, Number, URLSearchParams,
   Event: class { constructor(type) { this.type = type; } },
   TextDecoder, AbortController, setTimeout,
   localStorage: { getItem: (k) => store[k] ?? null, setItem: (k, v) => { store[k] = v; } },
-  location: { hash: "#token=ui-token", pathname: "/" },
-  history: { replaceState() {} },
+  location: location_,
+  history: { replaceState(_s, _t, url) {
+    addresses.push(url); const at = String(url).indexOf("#"); location_.hash = at < 0 ? "" : String(url).slice(at);
+  } },
+  addEventListener: (type, fn) => { (windowListeners[type] ||= []).push(fn); },
   setInterval: () => 0,
   performance: { now: () => 0 },
   btoa: (s) => Buffer.from(s).toString("base64"),
@@ -161,7 +170,7 @@ async function formMode() {
   const { tryForm } = sandbox.mortredUi;
   await pick(scripted.form.sdk);
   const sdkForm = { fields: desc(ids["try-fields"]), about: ids["try-about"].textContent,
-    imageHidden: !!ids["try-image-label"].hidden };
+    imageHidden: !!ids["try-image-label"].hidden, placeholder: ids["try-params"].attrs.placeholder };
   for (const [name, v] of Object.entries(scripted.form.sdk_values)) {
     const node = tryForm.inputs.get(name);
     if (v && v.files) node.files = v.files.map((f) => new Blob_(f, f + ".png")); else node.value = v;
@@ -173,7 +182,8 @@ async function formMode() {
   const sdkRun = { state: ids["try-state"].textContent, output: desc(ids["try-output"]),
     preview: desc(ids["try-preview"]), progress: desc(ids["try-progress"]), json: ids["try-json"].textContent };
   await pick(scripted.form.builtin);
-  const builtinForm = { fields: desc(ids["try-fields"]), imageHidden: !!ids["try-image-label"].hidden };
+  const builtinForm = { fields: desc(ids["try-fields"]), imageHidden: !!ids["try-image-label"].hidden,
+    placeholder: ids["try-params"].attrs.placeholder };
   for (const [name, v] of Object.entries(scripted.form.builtin_values)) {
     const node = tryForm.inputs.get(name);
     if (typeof v === "boolean") node.checked = v; else node.value = v;
@@ -192,7 +202,38 @@ async function formMode() {
     badState: ids["try-state"].textContent, callsAfterBad: calls.length - before }));
 }
 
+// Links to Try-it: the page opened at #try=<id> picks that model; the servers table
+// links each model; a followed link (hashchange) switches; an unknown id is said so;
+// params placeholders come from each model's declared inputs.
+async function linkMode() {
+  await settle();
+  const placeholder = (id) => ids[id].attrs.placeholder ?? null;
+  const opened = { model: ids["try-model"].value, fields: ids["try-fields"].attrs["data-model"],
+    tryPlaceholder: placeholder("try-params"), jobsPlaceholder: placeholder("jobs-params"),
+    hash: location_.hash, state: ids["try-state"].textContent };
+  const links = [];
+  const walk = (n) => { if (n.tagName === "a" && n.attrs["data-try"]) links.push({ id: n.attrs["data-try"], href: n.attrs.href, text: n.textContent }); n.children.forEach(walk); };
+  walk(ids.servers);
+  const follow = async (hash) => {
+    location_.hash = hash;
+    for (const fn of windowListeners.hashchange || []) fn({ type: "hashchange" });
+    await settle();
+    const hints = [];
+    const findHints = (n) => { if ((n.attrs.class || "").includes("field-hint")) hints.push(n.textContent); n.children.forEach(findHints); };
+    findHints(ids["try-fields"]);
+    return { model: ids["try-model"].value, fields: ids["try-fields"].attrs["data-model"],
+      tryPlaceholder: placeholder("try-params"), hash: location_.hash, state: ids["try-state"].textContent, hints };
+  };
+  const followed = await follow(scripted.follow);
+  const unknown = await follow(scripted.unknown);
+  const { paramsExample, formSpec, plural } = sandbox.mortredUi;
+  process.stdout.write(JSON.stringify({ opened, links, followed, unknown, addresses,
+    examples: (scripted.example_docs || []).map((d) => paramsExample(formSpec(d))),
+    noDoc: paramsExample(null), plurals: [plural(1, "item"), plural(2, "item"), plural(1, "character"), plural(0, "file")] }));
+}
+
 (async () => {
+  if (process.argv[4] === "link") return linkMode();
   if (process.argv[4] === "form") return formMode();
   if (process.argv[4] === "sse") return sseMode();
   if (process.argv[4] === "jobs") return jobsMode();

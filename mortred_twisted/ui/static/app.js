@@ -55,6 +55,10 @@ async function refreshServers() {
     for (const s of servers.flatMap((g) => [g, ...(g.replicas || [])])) {
       const actions = el("td", {}, ...["start", "stop", "restart"].map((a) =>
         el("button", { "data-action": a, "data-id": s.id, onclick: () => act(s.id, a) }, a)));
+      // A model (not a replica's row): a link that opens Try-it on it (#try=<id>).
+      if (s.kind === "model" && servers.includes(s)) {
+        actions.append(" ", el("a", { href: "#try=" + encodeURIComponent(s.id), class: "try-link", "data-try": s.id }, "try it"));
+      }
       const last = s.error || (s.last_exit && s.last_exit.text) || "";
       table.append(el("tr", { "data-server": s.id },
         el("td", {}, s.id), el("td", { class: "state-" + s.state }, s.state),
@@ -102,12 +106,41 @@ async function loadCatalog() {
   state.catalog = doc.servers.filter((e) => e.enabled !== false);
   const sel = $("try-model");
   sel.replaceChildren(...state.catalog.map((e) => el("option", { value: e.id }, `${e.id} (${e.category}${e.async_enabled ? ", async" : ""})`)));
+  const wantedTry = state.tryWanted;
+  state.tryWanted = null;
+  if (wantedTry && state.catalog.some((e) => e.id === wantedTry)) sel.value = wantedTry;
+  else if (wantedTry) $("try-state").textContent = `no model ${wantedTry} in the catalog`;
   sel.dispatchEvent(new Event("change"));
   const jsel = $("jobs-model");
   const wanted = jobs.server || state.jobsServer;
   jsel.replaceChildren(...state.catalog.filter((e) => e.async_enabled).map((e) => el("option", { value: e.id }, `${e.id} (${e.category})`)));
   if (wanted && state.catalog.some((e) => e.id === wanted && e.async_enabled)) jsel.value = wanted;
   if (jsel.value !== jobs.server) selectJobsServer(jsel.value);
+}
+
+// The address bar says what is open: #try=<id>&jobs=<id> (a link to reopen or share;
+// never the token, which is removed once read).
+function writeHash() {
+  const params = new URLSearchParams();
+  if (tryForm.model) params.set("try", tryForm.model);
+  if (jobs.server) params.set("jobs", jobs.server);
+  const hash = params.toString();
+  history.replaceState(null, "", location.pathname + location.search + (hash ? "#" + hash : ""));
+}
+
+// Try-it on model `id` (a #try=<id> link followed): picked and scrolled to; an id not
+// in the catalog is said so (as text), nothing else changes.
+function openTry(id) {
+  if (!state.catalog.length) { state.tryWanted = id; return; }  // loadCatalog picks it
+  if (!state.catalog.some((e) => e.id === id)) {
+    $("try-state").textContent = `no model ${id} in the catalog`;
+    writeHash();
+    return;
+  }
+  const sel = $("try-model");
+  if (sel.value !== id) { sel.value = id; sel.dispatchEvent(new Event("change")); } else writeHash();
+  const panel = $("try-panel");
+  if (panel && panel.scrollIntoView) panel.scrollIntoView();
 }
 
 function fileToBase64(file) {
@@ -133,6 +166,8 @@ function fileToBase64(file) {
 const tryForm = { docs: new Map(), model: null, spec: null, inputs: new Map(), run: null, turn: 0, blobs: [], loading: false, ready: new Map(), provisional: false };
 const SCALARS = ["string", "integer", "number", "boolean"];
 const isBlob = (v) => typeof Blob !== "undefined" && v instanceof Blob;
+// "1 item", "3 items": counts in messages agree with their noun.
+const plural = (n, one, many = one + "s") => `${n} ${Number(n) === 1 ? one : many}`;
 
 // The control one input schema gets.
 function controlOf(prop) {
@@ -176,7 +211,8 @@ function fieldHint(f) {
   const lo = p.minimum ?? (p.items && p.items.minimum), hi = p.maximum ?? (p.items && p.items.maximum);
   if (lo !== undefined || hi !== undefined) bits.push(`${lo ?? ""}…${hi ?? ""}`);
   if (f.control.type === "list") bits.push("comma-separated" + (p.maxItems ? `, at most ${p.maxItems}` : ""));
-  if (f.control.type === "file" && f.control.multiple && p.maxItems) bits.push(`at most ${p.maxItems} files`);
+  if (f.control.type === "file" && f.control.multiple && p.maxItems) bits.push(`at most ${plural(p.maxItems, "file")}`);
+  if (f.control.type === "text" && typeof p.minLength === "number" && p.minLength > 0) bits.push(`at least ${plural(p.minLength, "character")}`);
   if (p.default !== undefined && f.control.type !== "checkbox") bits.push(`default ${JSON.stringify(p.default)}`);
   return bits.join("; ");
 }
@@ -243,7 +279,7 @@ function readField(f, node) {
   if (c.type === "number") return scalar(text.trim(), p.type, f.name);
   if (c.type === "list") {
     const items = text.split(",").map((s) => s.trim()).filter((s) => s !== "");
-    if (p.maxItems && items.length > p.maxItems) return { error: `${f.name}: at most ${p.maxItems} items` };
+    if (p.maxItems && items.length > p.maxItems) return { error: `${f.name}: at most ${plural(p.maxItems, "item")}` };
     const out = [];
     for (const [i, t] of items.entries()) {
       const r = scalar(t, c.item, `${f.name}[${i}]`);
@@ -255,12 +291,49 @@ function readField(f, node) {
   try { return { value: JSON.parse(text) }; } catch (e) { return { error: `${f.name}: ${e.message}` }; }
 }
 
+// An example for a params JSON box, from the model's declared inputs (never a fixed
+// guess such as {"timesteps": 10}, which most models refuse): up to two inputs that are
+// no files, each with its default or a value of its type; "{}" for a model that
+// declares none; a plain hint without a document.
+const NO_EXAMPLE = "a JSON object";
+function exampleValue(p) {
+  if (p.default !== undefined && p.default !== null) return p.default;
+  if (Array.isArray(p.enum) && p.enum.length) return p.enum[0];
+  if (p.type === "integer" || p.type === "number") return typeof p.minimum === "number" ? p.minimum : 1;
+  if (p.type === "boolean") return true;
+  if (p.type === "array") return [];
+  if (p.type === "string") return "text";
+  return null;
+}
+function paramsExample(spec) {
+  if (!spec) return NO_EXAMPLE;
+  const example = {};
+  for (const f of spec.fields) {
+    if (f.control.type === "file") continue;
+    example[f.name] = exampleValue(f.prop);
+    if (Object.keys(example).length === 2) break;
+  }
+  return JSON.stringify(example);
+}
+
+// The model's OpenAPI document (kept once its model is ready), or null.
+async function modelDoc(id) {
+  const kept = tryForm.docs.get(id);
+  if (kept) return kept;
+  const r = await api("GET", `/api/v1/models/${encodeURIComponent(id)}/openapi.json`);
+  if (r.status !== 200 || !r.doc || typeof r.doc !== "object") return null;
+  if (tryForm.ready.get(id)) tryForm.docs.set(id, r.doc);
+  return r.doc;
+}
+
 async function loadTryForm(id) {
   tryForm.model = id || null; tryForm.spec = null; tryForm.inputs = new Map(); tryForm.provisional = false;
   const fields = $("try-fields");
   fields.replaceChildren(); fields.setAttribute("data-model", id || ""); fields.setAttribute("data-kind", "");
   $("try-about").textContent = "";
   $("try-image-label").hidden = false;
+  $("try-params").setAttribute("placeholder", NO_EXAMPLE);
+  writeHash();
   if (!id) return;
   let doc = tryForm.docs.get(id);
   if (!doc) {
@@ -277,6 +350,7 @@ async function loadTryForm(id) {
   }
   const spec = formSpec(doc);
   tryForm.spec = spec;
+  $("try-params").setAttribute("placeholder", paramsExample(spec));
   for (const f of spec.fields) {
     const input = fieldControl(f);
     tryForm.inputs.set(f.name, input);
@@ -882,7 +956,14 @@ function selectJobsServer(server) {
   jobs.rows.clear(); jobs.tried.clear(); jobs.watch.clear(); jobs.inputs.clear();
   $("jobs-list").replaceChildren();
   $("jobs-output").replaceChildren(); $("jobs-json").textContent = ""; $("jobs-result-title").textContent = "";
-  if (jobs.server) history.replaceState(null, "", `${location.pathname}#jobs=${encodeURIComponent(jobs.server)}`);
+  writeHash();
+  $("jobs-params").setAttribute("placeholder", NO_EXAMPLE);
+  if (jobs.server) {
+    const chosen = jobs.server;
+    modelDoc(chosen).then((doc) => {
+      if (doc && jobs.server === chosen) $("jobs-params").setAttribute("placeholder", paramsExample(formSpec(doc)));
+    });
+  }
   refreshJobs();
 }
 
@@ -897,14 +978,16 @@ function tickJobs() {
   }
 }
 
-window.mortredUi = { SseParser, resultImages, renderJob, jobs, formSpec, readField, fileRefs, fileUrl, tryForm };
+window.mortredUi = { SseParser, resultImages, renderJob, jobs, formSpec, readField, fileRefs, fileUrl, tryForm, paramsExample, plural };
 
 // -- wiring ------------------------------------------------------------------------------------
 // A link like http://host:8787/#token=... (as printed at start-up) signs in and is
 // then removed from the address bar.
-// A link like #jobs=DDPM opens that model's jobs.
+// A link like #jobs=DDPM opens that model's jobs, #try=SHARPEN Try-it on that model
+// (the servers table links each model so); the address then follows both choices.
 const hashParams = new URLSearchParams(location.hash.slice(1));
 state.jobsServer = hashParams.get("jobs");
+state.tryWanted = hashParams.get("try");
 const hashToken = hashParams.get("token");
 if (hashToken) {
   state.token = hashToken;
@@ -929,6 +1012,10 @@ $("try-model").addEventListener("change", () => {
   if ($("try-model").value !== tryForm.model) loadTryForm($("try-model").value);
 });
 $("try-form").addEventListener("submit", runTry);
+window.addEventListener("hashchange", () => {
+  const wanted = new URLSearchParams(location.hash.slice(1)).get("try");
+  if (wanted) openTry(wanted);
+});
 $("jobs-model").addEventListener("change", () => selectJobsServer($("jobs-model").value));
 $("jobs-filter").addEventListener("change", refreshJobs);
 $("jobs-form").addEventListener("submit", submitJob);
