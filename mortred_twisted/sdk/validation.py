@@ -118,9 +118,9 @@ def check_scalar(decl: InputDecl, value: Any, where: str, *, from_text: bool = F
         if not isinstance(value, str):
             raise _bad(where, "must be a string")
         if decl.min_length is not None and len(value) < decl.min_length:
-            raise _bad(where, f"must be at least {decl.min_length} characters")
+            raise _bad(where, f"must be at least {_count(decl.min_length, 'character')}")
         if decl.max_length is not None and len(value) > decl.max_length:
-            raise _bad(where, f"must be at most {decl.max_length} characters")
+            raise _bad(where, f"must be at most {_count(decl.max_length, 'character')}")
     if decl.ge is not None and value < decl.ge:
         raise _bad(where, f"must be >= {decl.ge} (got {value})")
     if decl.le is not None and value > decl.le:
@@ -218,6 +218,11 @@ class _Files:
                     limit="max_pixels",
                     value=max_pixels,
                 )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 character``, ``2 characters``: a count that agrees with its noun."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _value(decl: InputDecl, value: Any, where: str, files: _Files, from_text: bool) -> Any:
@@ -332,7 +337,7 @@ def _validate(
                     raise _bad(where, "must be an array")
             cap = decl.max_items or DEFAULT_MAX_ITEMS
             if len(value) > cap:
-                raise _bad(where, f"at most {cap} items (got {len(value)})")
+                raise _bad(where, f"at most {_count(cap, 'item')} (got {len(value)})")
             out[decl.name] = [
                 _value(decl, item, f"{where}[{i}]", files, from_text)
                 for i, item in enumerate(value)

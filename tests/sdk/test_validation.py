@@ -64,7 +64,7 @@ def test_defaults_fill_in_and_files_become_references() -> None:
         ({"image": B64, "steps": True}, "params.steps", "must be an integer"),
         ({"image": B64, "flag": 1}, "params.flag", "must be a boolean"),
         ({"image": B64, "names": ["a", "b", "c"]}, "params.names", "at most 2 items"),
-        ({"image": B64, "names": [""]}, "params.names[0]", "at least 1 characters"),
+        ({"image": B64, "names": [""]}, "params.names[0]", "must be at least 1 character"),
         ({"image": B64, "names": "a"}, "params.names", "must be an array"),
         ({"image": B64, "stesp": 1}, "params.stesp", "did you mean 'steps'"),
         ({"image": "%%%"}, "params.image", "not valid base64"),
@@ -117,3 +117,16 @@ def test_multipart_text_fields_are_parsed_by_the_declared_type() -> None:
     assert files == (png(), b"hello")
     with pytest.raises(InvalidRequest, match="must be an integer"):
         check({"image": B64, "steps": "four"}, from_text=True)
+
+
+def test_counts_in_messages_agree_with_their_nouns() -> None:
+    """``at least 1 character`` (issue 36.4: it said ``1 characters``), ``at most 1
+    item``; plural otherwise."""
+    from mortred_twisted.sdk.validation import _count
+
+    assert [_count(1, "character"), _count(2, "character"), _count(1, "item")] == [
+        "1 character", "2 characters", "1 item",
+    ]  # fmt: skip
+    with pytest.raises(InvalidRequest) as info:
+        check({"image": B64, "names": [""]})
+    assert info.value.message.endswith("must be at least 1 character")
