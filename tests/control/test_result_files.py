@@ -168,3 +168,20 @@ def test_mortredctl_writes_a_jobs_files(files_plane: ControlPlane, tmp_path: Pat
     assert names == ["notes-0.txt", "notes-1.txt", "picture.png"]
     assert (tmp_path / "out" / "notes-1.txt").read_bytes() == b"note 1 "
     assert data["notes"][1]["size"] == 7
+
+
+def test_the_models_openapi_document_through_the_gateway(files_plane: ControlPlane) -> None:
+    """GET /v1/models/<id>/openapi.json (issue 36.4: a 404 before): the model process's
+    document with the gateway's paths and bearer; a submit to the documented path is
+    admitted; without a key it is a 401."""
+    code, headers, body = gw(files_plane, "alice", "GET", f"/v1/models/{MODEL}/openapi.json")
+    assert code == 200 and headers["content-type"].startswith("application/json"), body
+    doc = json.loads(body)
+    assert set(doc["paths"]) >= {f"/v1/models/{MODEL}/infer", JOBS, f"{JOBS}/{{job_id}}/result"}
+    assert all(p.startswith(f"/v1/models/{MODEL}/") for p in doc["paths"])
+    assert doc["paths"][JOBS]["post"]["security"] == [{"bearer": []}]
+    assert doc["info"]["x-mortred-model"]["inputs"], "the declaration rides along"
+    code, _h, body = gw(files_plane, "alice", "POST", JOBS, body={"params": {"n": 1, "size": 1}})
+    assert code == 202, body
+    code, _h, _b, _t = files_plane.gw("GET", f"/v1/models/{MODEL}/openapi.json", token="")
+    assert code == 401
