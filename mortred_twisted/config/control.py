@@ -18,9 +18,9 @@ Three tables (contract § Supervisor)::
 Every problem is collected and raised together as :class:`ConfigErrors`; unknown keys
 are errors with "did you mean". Relative paths are resolved against the project root
 (:func:`~mortred_twisted.config.server.find_root`: the parent of the nearest ``conf/``
-folder above the file, else the file's own folder; never the working directory). Secrets never live here: tokens
-come from the environment (``MORTRED_API_TOKEN``, ``MORTRED_GATEWAY_AUTH_TOKEN``,
-``MORTRED_INTERNAL_TOKEN``, ``MORTRED_METRICS_TOKEN``).
+folder above the file, else the file's own folder; never the working directory).
+Secrets never live here: tokens come from the environment (``MORTRED_API_TOKEN``,
+``MORTRED_GATEWAY_AUTH_TOKEN``, ``MORTRED_INTERNAL_TOKEN``, ``MORTRED_METRICS_TOKEN``).
 """
 
 from __future__ import annotations
