@@ -10,8 +10,10 @@ without a principal header a model lists every job) and rewrites job URLs to
 stream by the gateway's relay (:mod:`mortred_twisted.gateway.events`): each event
 reaches the browser as the model writes it, and a browser that leaves closes the
 model's stream. ``POST /api/v1/autoscale/<id>/wake`` (the API token or the internal
-token) is the gateway's cold-start call (:meth:`SupervisorApi.wake`). Reactor
-thread only.
+token) is the gateway's cold-start call (:meth:`SupervisorApi.wake`);
+``GET /api/v1/children`` (either token) lists each model process and whether it is
+trusted (:mod:`mortred_twisted.supervisor.trust`: the gateway sends the internal
+token only to those). Reactor thread only.
 
 Served by the project's HTTP/1.1 server (:meth:`SupervisorApi.http_server`), with the
 same limits and deadlines as every port; a request that carries a body is judged
@@ -58,6 +60,7 @@ from mortred_twisted.http11.server import HTTPServerFactory
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
+from mortred_twisted.supervisor.trust import children_document
 
 JSON = b"application/json; charset=utf-8"
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -257,6 +260,16 @@ class SupervisorApi:
             return _json(request, 200, {"id": server_id, "url": url, **scaler.status()})
 
         return scaler.wake().addCallback(answer)
+
+    @app.route("/api/v1/children", methods=["GET"])
+    def children(self, request: Any) -> bytes:
+        """Each model process: its origin, pid, state and whether it is trusted (ready
+        and proven to be the spawn it claims: the gateway sends the internal token
+        only to those, :mod:`~mortred_twisted.supervisor.trust`). The API token or
+        the internal token."""
+        if not (self._authorized(request) or self._internal(request)):
+            return self._deny(request)
+        return _json(request, 200, children_document(self.supervisor.model_children()))
 
     def _internal(self, request: Any) -> bool:
         token = bearer_token(request.getHeader(b"authorization"))

@@ -41,8 +41,10 @@ SPAWN_KEY_ENV = "MORTRED_SPAWN_KEY"
 SUPERVISOR_PID_ENV = "MORTRED_SUPERVISOR_PID"
 #: "1": the launcher sets the parent-death signal and checks the parent.
 PARENT_DEATH_ENV = "MORTRED_PARENT_DEATH_SIGNAL"
-#: Testing only: the launcher waits for this file to exist before it asks for the
-#: parent-death signal (so a test can kill the supervisor inside that window).
+#: Testing only: a directory; the launcher waits for the file ``<dir>/<its listen
+#: port>`` (``<dir>/other`` for a child without one, the gateway) to exist before
+#: it asks for the parent-death signal, so a test can kill the supervisor inside
+#: that window, or take the port before the child binds it.
 LAUNCH_GATE_ENV = "MORTRED_TEST_LAUNCH_GATE"
 
 CHALLENGE_HEADER = b"x-mortred-challenge"
@@ -98,7 +100,8 @@ def guard_parent(env: Mapping[str, str] = os.environ) -> None:
         os.setpgrp()
     gate = env.get(LAUNCH_GATE_ENV)
     if gate:
-        while not os.path.exists(gate):
+        path = os.path.join(gate, env.get("MORTRED_LISTEN_PORT") or "other")
+        while not os.path.exists(path):
             time.sleep(0.01)
     if sys.platform.startswith("linux"):
         import ctypes

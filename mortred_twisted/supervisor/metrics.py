@@ -1,7 +1,7 @@
 """The supervisor's Prometheus registry: children's state read at scrape time.
 
 ``mortred_supervisor_state{server}`` (0 stopped, 1 starting, 2 running, 3 backoff,
-4 failed), ``mortred_supervisor_ready{server}`` (0/1) and
+4 failed, 5 start_failed), ``mortred_supervisor_ready{server}`` (0/1) and
 ``mortred_supervisor_restarts_total{server}``; per autoscaled model id (the figures
 an external autoscaler scales on, docs/operations.md § 7):
 ``mortred_autoscale_backlog{model}`` (pending + running jobs in the store),
@@ -37,7 +37,7 @@ class SupervisorCollector(Collector):
     def collect(self) -> Iterator[Any]:
         state = GaugeMetricFamily(
             "mortred_supervisor_state",
-            "Child state: 0 stopped, 1 starting, 2 running, 3 backoff, 4 failed",
+            "Child state: 0 stopped, 1 starting, 2 running, 3 backoff, 4 failed, 5 start_failed",
             labels=["server"],
         )
         ready = GaugeMetricFamily(

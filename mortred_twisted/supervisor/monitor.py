@@ -165,6 +165,9 @@ class ManagedServer:
         self.verify_identity = verify_identity
         #: this spawn's secret (verify_identity), None between spawns
         self.spawn_key: str | None = None
+        #: the process on the port proved it is this spawn (verify_identity) since
+        #: its last probe; False between spawns and after an impostor's answer
+        self.verified = False
         self.kind = kind
         self.category = category
         self.spec = spec
@@ -202,6 +205,20 @@ class ManagedServer:
     @property
     def pid(self) -> int | None:
         return self._handle.pid if self._handle is not None else None
+
+    @property
+    def origin(self) -> str:
+        """``http://host:port`` the child serves (its probe URL's origin)."""
+        scheme, _, rest = self.probe_url.partition("://")
+        return f"{scheme}://{rest.split('/', 1)[0]}"
+
+    @property
+    def trusted(self) -> bool:
+        """May be sent the internal token: ready, and (when identities are checked)
+        proven to be this spawn, its process alive."""
+        return (
+            self.ready and self._handle is not None and (self.verified or not self.verify_identity)
+        )
 
     @property
     def stopping(self) -> bool:
@@ -325,6 +342,7 @@ class ManagedServer:
         self.started_at = self.clock.seconds()
         spec = self.spec
         self.spawn_key = None
+        self.verified = False
         if self.verify_identity:
             self.spawn_key = new_spawn_key()
             spec = ProcessSpec(spec.argv, {**spec.env, SPAWN_KEY_ENV: self.spawn_key}, spec.cwd)
@@ -361,7 +379,10 @@ class ManagedServer:
         if isinstance(answer, Impostor):
             # Another process answers on the child's port: never ready. Our child
             # cannot listen there; it exits "cannot listen" (start_failed).
+            self.verified = False
             answer = (False, f"{self._where()} is answered by another process ({answer.detail})")
+        elif self.spawn_key is not None and (answer is True or isinstance(answer, tuple)):
+            self.verified = True  # an answer (not a failed connection) with the proof
         ok, reason = (answer, None) if isinstance(answer, bool) else answer
         if not ok and reason and reason != self.not_ready_reason:
             self.not_ready_reason = reason  # e.g. the model's load error, once per change
@@ -403,6 +424,7 @@ class ManagedServer:
         self.ready = False
         self.last_exit = status
         self.spawn_key = None
+        self.verified = False
         self.logs.note(status.describe())
         if (
             not self._stopping
@@ -474,6 +496,13 @@ class Supervisor:
 
     def all(self) -> list[ManagedServer]:
         return ([self.gateway] if self.gateway else []) + list(self.models.values())
+
+    def model_children(self) -> list[ManagedServer]:
+        """Every model process (each replica of a group), in catalog order."""
+        out: list[ManagedServer] = []
+        for s in self.models.values():
+            out.extend(getattr(s, "replicas", [s]))
+        return out
 
     def get(self, server_id: str) -> ManagedServer | None:
         """A child by id: the gateway, a model (or replica group), or one replica

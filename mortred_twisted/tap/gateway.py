@@ -1,7 +1,9 @@
 """``twistd -n mortred-gateway``: Options and makeService (entry point).
 
 Environment: ``MORTRED_GATEWAY_AUTH_TOKEN`` (inference bearer token),
-``MORTRED_INTERNAL_TOKEN`` (sent to model processes; set by the supervisor),
+``MORTRED_INTERNAL_TOKEN`` (sent to model processes; set by the supervisor, which
+also passes ``--supervisor-url``: the token then goes only to the children the
+supervisor trusts, :mod:`~mortred_twisted.supervisor.trust`),
 ``MORTRED_METRICS_TOKEN`` (optional, GET /metrics). ``SIGHUP`` reloads
 ``conf/api_keys.toml`` in place: connections and requests in flight are untouched; a
 file with errors is rejected and the previous keys stay.
@@ -41,6 +43,7 @@ from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.http11.server import HTTPServerFactory
 from mortred_twisted.supervisor.process import supervisor_url
+from mortred_twisted.supervisor.trust import RemoteChildren, TrustGate
 
 log = Logger()
 
@@ -118,6 +121,8 @@ class GatewayService(service.MultiService):
         self.reactor = reactor
         self.server = server
         self.grace_s = grace_s
+        #: the supervisor's trusted children (supervisor/trust.py), when supervised
+        self.children: RemoteChildren | None = None
         self._previous_hup: Any = None
 
     def reload_keys(self) -> bool:
@@ -144,6 +149,8 @@ class GatewayService(service.MultiService):
         super().startService()
         if self.app.admission is not None:  # Redis links of the admission at zero
             self.app.admission.start()
+        if self.children is not None:
+            self.children.start()
         self._previous_hup = signal.signal(
             signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload_keys)
         )
@@ -154,6 +161,8 @@ class GatewayService(service.MultiService):
     def stopService(self) -> Any:
         if self._previous_hup is not None:
             signal.signal(signal.SIGHUP, self._previous_hup)
+        if self.children is not None:
+            self.children.stop()
         d = super().stopService()  # the port stops listening
         d.addBoth(lambda _: self._drain())
         d.addBoth(lambda _: self.app.upstream.close())
@@ -223,12 +232,18 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     metrics = GatewayMetrics()
     metrics.api_keys.set(len(keys))
     cold = cold_start(config, catalog, upstream, internal_token, reactor, options["supervisor-url"])
+    children = None
+    forward: Any = upstream
+    if options["supervisor-url"] and internal_token:
+        # Run by a supervisor: the token goes only to the children it trusts.
+        children = RemoteChildren(upstream, options["supervisor-url"], internal_token, reactor)
+        forward = TrustGate(upstream, children)
     if cold is not None:
         metrics.watch_cold_start(cold)
     app = GatewayApp(
         catalog=catalog,
         policy=policy,
-        upstream=upstream,
+        upstream=forward,
         clock=reactor,
         metrics=metrics,
         internal_token=internal_token,
@@ -257,6 +272,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
     metrics.open_connections.set_function(lambda: server.open_connections)
     metrics.watch_server(server)
     svc = GatewayService(app, keys_path, reactor, server=server, grace_s=options["grace"])
+    svc.children = children
     internet.TCPServer(gw.port, server, interface=gw.host, backlog=1024).setServiceParent(svc)
     log.info(
         "gateway on http://{host}:{port} for {n} model(s): {ids}",

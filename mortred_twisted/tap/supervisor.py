@@ -60,6 +60,7 @@ from mortred_twisted.supervisor.ports import describe_holders, listeners, port_f
 from mortred_twisted.supervisor.process import ReactorSpawner, gateway_spec, model_spec
 from mortred_twisted.supervisor.replicas import ReplicaGroup, replica_id
 from mortred_twisted.supervisor.scaler import Scaler
+from mortred_twisted.supervisor.trust import LocalChildren, TrustGate
 
 log = Logger()
 
@@ -332,16 +333,22 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
         recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0,
         pool=proxy_pool,
     )
+    # The internal token goes only to children that are ready and proved who they
+    # are (supervisor/trust.py): the relay, the event streams and the scrapes.
+    children = LocalChildren(supervisor.model_children())
     api = SupervisorApi(
         supervisor=supervisor,
         catalog=catalog,
         api_token=api_token,
         registry=supervisor_registry(supervisor),
-        proxy=proxy,
+        proxy=TrustGate(proxy, children),
         # Job event streams: no receive deadline, one connection each (closed when
         # the browser leaves).
-        streams=LeanUpstreamClient(
-            reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, connect_timeout_s=5
+        streams=TrustGate(
+            LeanUpstreamClient(
+                reactor, recv_timeout_s=gw.upstream_recv_timeout_ms / 1000.0, connect_timeout_s=5
+            ),
+            children,
         ),
         internal_token=internal_token,
     )
@@ -349,8 +356,11 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
     # The meters' scrapes of /metrics: a short deadline (a hung replica must not
     # stall its scaler's ticks, which never overlap).
     scrape_pool = quiet_pool(reactor)
-    scrapes = UpstreamClient(
-        Agent(reactor, pool=scrape_pool), reactor, recv_timeout_s=2.0, pool=scrape_pool
+    scrapes = TrustGate(
+        UpstreamClient(
+            Agent(reactor, pool=scrape_pool), reactor, recv_timeout_s=2.0, pool=scrape_pool
+        ),
+        children,
     )
     for group, e in scaled:
         assert e.autoscale is not None
@@ -396,15 +406,15 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             secret_lines.append(
                 f"  web UI sign-in link: http://{sup.api_host}:{sup.api_port}/#token={api_token}"
             )
-    children: list[ManagedServer] = []
+    every: list[ManagedServer] = []
     for s in supervisor.all():
-        children.extend(getattr(s, "replicas", [s]))
+        every.extend(getattr(s, "replicas", [s]))
     svc = SupervisorService(
         supervisor,
         autostart,
         "\n".join(lines),
         "\n".join(secret_lines),
-        leftovers=lambda: stop_leftovers(children, reactor, timing.grace),
+        leftovers=lambda: stop_leftovers(every, reactor, timing.grace),
     )
     svc.meters = meters
     internet.TCPServer(
