@@ -73,6 +73,10 @@ class Verdict:
     reason: str = ""
 
 
+#: The answer for every trusted origin (one object: the gateway asks per request).
+TRUSTED = Verdict(True)
+
+
 class TrustGate:
     """An upstream client (``request``/``stream``) that sends only to trusted
     origins; every other attribute is the wrapped client's."""
@@ -89,16 +93,22 @@ class TrustGate:
     def request(
         self, method: str, url: str, headers: dict[bytes, list[bytes]], body: bytes | None = None
     ) -> defer.Deferred[Any]:
-        return self._gated(url, lambda: self._client.request(method, url, headers, body))
+        verdict = self.view.verdict(origin_of(url))
+        if verdict is None or verdict.ok:  # the hot path: no closure, no Deferred
+            return self._client.request(method, url, headers, body)
+        return self._after_refresh(url, lambda: self._client.request(method, url, headers, body))
 
     def stream(self, method: str, url: str, headers: dict[bytes, list[bytes]]) -> Any:
-        return self._gated(url, lambda: self._client.stream(method, url, headers))
-
-    def _gated(self, url: str, send: Callable[[], defer.Deferred[Any]]) -> defer.Deferred[Any]:
-        origin = origin_of(url)
-        verdict = self.view.verdict(origin)
+        verdict = self.view.verdict(origin_of(url))
         if verdict is None or verdict.ok:
-            return send()
+            return self._client.stream(method, url, headers)
+        return self._after_refresh(url, lambda: self._client.stream(method, url, headers))
+
+    def _after_refresh(
+        self, url: str, send: Callable[[], defer.Deferred[Any]]
+    ) -> defer.Deferred[Any]:
+        """Not trusted in the last reading: decide on a reading taken after now."""
+        origin = origin_of(url)
         d = self.view.refresh()
 
         def again(_: Any) -> Any:
@@ -122,7 +132,7 @@ class LocalChildren:
         if server is None:
             return None
         if server.trusted:
-            return Verdict(True)
+            return TRUSTED
         return Verdict(False, child_reason(server.state, server.ready, server.verified))
 
     def refresh(self) -> defer.Deferred[None]:
@@ -248,15 +258,17 @@ class RemoteChildren:
                 known.watch.close()
 
     def verdict(self, origin: str) -> Verdict | None:
+        known = self._known.get(origin)
+        if known is not None and known.trusted and known.watch is not None:
+            return TRUSTED  # the hot path: a trusted child whose pidfd is watched
         if self._read_at is None:  # nothing read yet: trust nothing supervised
             return Verdict(False, self._failure or "not verified yet")
-        known = self._known.get(origin)
         if known is None:  # not a child; unless nothing could be read: then fail closed
             return None if self._failure is None or self._known else Verdict(False, self._failure)
         unwatched = known.trusted and known.watch is None and known.pid is not None
         if unwatched and not _pid_alive(known.pid):  # no pidfd: ask the kernel each time
             known.trusted, known.reason = False, "exited"
-        return Verdict(True) if known.trusted else Verdict(False, known.reason)
+        return TRUSTED if known.trusted else Verdict(False, known.reason)
 
     def refresh(self) -> defer.Deferred[None]:
         """Fires once a reading that started after this call has been taken in
