@@ -316,9 +316,12 @@ def test_no_child_outlives_a_supervisor_killed_during_its_start(tmp_path: Path, 
 
 
 @contextmanager
-def replicas_plane(tmp: Path, redis: RedisServer) -> Iterator[tuple[ControlPlane, int]]:
+def replicas_plane(
+    tmp: Path, redis: RedisServer, before: Callable[[int], Any] | None = None
+) -> Iterator[tuple[ControlPlane, int]]:
     """FAKE_REPLICAS with 2 replicas on the Redis store; restart policy 'no', so a
-    replica killed by the test stays down and its port can be taken."""
+    replica killed by the test stays down and its port can be taken. ``before(port)``
+    runs before the supervisor starts (``port``: replica 1's)."""
     ports = {"api": free_port(), "gateway": free_port()}
     port = two_free_ports(avoid=(ports["api"], ports["gateway"]))
     ports[MODEL] = port
@@ -336,6 +339,8 @@ def replicas_plane(tmp: Path, redis: RedisServer) -> Iterator[tuple[ControlPlane
         "replicas = 2",
         'restart_policy = "no"',
     ]
+    if before is not None:
+        before(port)
     cp = _start(tmp, lines, {"MORTRED_REDIS_URL": redis.url}, ports)
     try:
         yield cp, port
@@ -392,4 +397,35 @@ def test_replicas_on_redis_a_port_taken_after_its_replica_died_gets_nothing(
             assert f"127.0.0.1:{port + 1}" in s["error"] and "address in use" in s["error"]
             assert sq.authorized() == []
         finally:
+            sq.close()
+
+
+def test_replicas_on_redis_a_replica_port_held_at_start_is_refused_and_gets_nothing(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """Replica 2's port is held (by a server that answers /ready 200) before the
+    supervisor starts: replica 2 is start_failed naming the holder, replica 1 serves
+    every job through the gateway, and the squatter receives nothing."""
+    held: list[Squatter] = []
+    try:
+        with replicas_plane(tmp_path, redis, lambda p: held.append(Squatter(p + 1))) as (
+            cp,
+            port,
+        ):
+            s = wait_state(
+                cp, f"{MODEL}@2", lambda s: s["state"] == "start_failed", "replica 2 refused"
+            )
+            assert f"127.0.0.1:{port + 1}" in s["error"] and f"pid {os.getpid()}" in s["error"]
+            wait_state(cp, f"{MODEL}@1", lambda s: s["ready"], "replica 1 ready")
+            wait_state(cp, "gateway", lambda s: s["ready"], "gateway ready")
+            body = {"images": [IMG], "params": {"delay_ms": 5}}
+            for _ in range(6):
+                code, _, text, _ = cp.gw("POST", f"/v1/models/{MODEL}/jobs", body=body)
+                assert code == 202, text
+                job = json.loads(text)["job_id"]
+                code, _, text, _ = cp.gw("GET", f"/v1/models/{MODEL}/jobs/{job}/wait?timeout=20000")
+                assert code == 200 and json.loads(text)["state"] == "done", text
+            assert held[0].seen == []
+    finally:
+        for sq in held:
             sq.close()
