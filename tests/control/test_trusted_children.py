@@ -270,8 +270,10 @@ def test_a_leftover_of_an_earlier_run_is_stopped_and_its_port_used(tmp_path: Pat
             s = wait_state(cp, FAKE, lambda s: s["ready"], "our child ready")
             assert leftover[0].wait(30) is not None  # stopped by the supervisor
             assert s["pid"] != leftover[0].pid
-            log = (tmp_path / "logs" / f"{FAKE}.log").read_text()
-            assert f"stopping a leftover of an earlier run (pid {leftover[0].pid}" in log
+            line = f"stopping a leftover of an earlier run (pid {leftover[0].pid}"
+            log = tmp_path / "logs" / f"{FAKE}.log"
+            wait_until(lambda: line in log.read_text(), 30, "the leftover named in the log")
+            wait_state(cp, "gateway", lambda s: s["ready"], "gateway ready")
             code, _, body, _ = cp.gw("POST", f"/v1/models/{FAKE}/jobs", body=BODY)
             assert code == 202, body
     finally:
