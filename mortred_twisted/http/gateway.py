@@ -81,6 +81,11 @@ from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE, host
 from mortred_twisted.http11.messages import StreamCut
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
 from mortred_twisted.http11.upstream_stream import UpstreamStream
+from mortred_twisted.supervisor.child_contract import (
+    CHALLENGE_HEADER,
+    PROOF_HEADER,
+    answer_challenge,
+)
 
 log = Logger()
 
@@ -173,8 +178,12 @@ class GatewayApp:
         request_id: Callable[[], str] | None = None,
         cold_start: Any = None,
         admission: Any = None,
+        spawn_key: str | None = None,
     ) -> None:
         self.catalog = catalog
+        #: the supervisor's per-spawn secret: ``/healthz`` proves the process holds it
+        #: (:mod:`~mortred_twisted.supervisor.child_contract`); None when unsupervised
+        self.spawn_key = spawn_key
         #: holds requests for autoscaled ids with no replica up (gateway/cold_start.py)
         self.cold_start = cold_start
         #: ... or admits their submits here, in the shared store (http/gateway_admission.py)
@@ -290,6 +299,10 @@ class GatewayApp:
         if path == "/healthz":
             if method not in ("GET", "HEAD"):
                 return self._error(request, 405, "method not allowed", "healthz", {"Allow": "GET"})
+            if self.spawn_key is not None:  # the supervisor's probe: prove who we are
+                proof = answer_challenge(self.spawn_key, request.getHeader(CHALLENGE_HEADER))
+                if proof is not None:
+                    request.setHeader(PROOF_HEADER, proof)
             request.setHeader(b"Content-Type", JSON)
             request.setHeader(b"Content-Length", b"15")
             self.metrics.hot.count("healthz", "200")

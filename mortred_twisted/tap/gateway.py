@@ -42,6 +42,7 @@ from mortred_twisted.http.gateway_admission import ColdAdmission
 from mortred_twisted.http11.pool import LeanUpstreamClient
 from mortred_twisted.http11.ratelimit import RateLimiter
 from mortred_twisted.http11.server import HTTPServerFactory
+from mortred_twisted.supervisor.child_contract import spawn_key_from
 from mortred_twisted.supervisor.process import supervisor_url
 from mortred_twisted.supervisor.trust import RemoteChildren, TrustGate
 
@@ -253,6 +254,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Gatewa
             if cold is not None
             else None
         ),
+        spawn_key=spawn_key_from(env),
     )
     # Our HTTP/1.1 connection handling on llhttp (http11/server.py), not twisted.web:
     # per request it costs about half the CPU, and the gateway's CPU bounds its

@@ -274,7 +274,7 @@ def build_service(options: Options, reactor: Any, env: dict[str, str]) -> Superv
             timing=timing,
             listen=listen,
             port_check=port_check,
-            verify_identity=kind == "model",
+            verify_identity=True,
         )
 
     def address(e: CatalogEntry, replica: int = 0) -> tuple[str, int] | None:
