@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the mortred-twisted image with podman (`make image`): tags mortred-twisted:<version>
-# and mortred-twisted:latest, labelled with the hash of its build inputs
-# (deploy/container/build_inputs.py), which tests/containers uses to reuse an image.
+# and mortred-twisted:latest, and mortred-twisted:inputs-<hash> by the hash of its build
+# inputs (deploy/container/build_inputs.py), which tests/containers uses to reuse an image.
 #
 #   deploy/container/build-image.sh [extra podman build arguments]
 #
@@ -13,6 +13,7 @@
 #                  mounted read-only and given to pip as PIP_FIND_LINKS
 #   IMAGE          the repository name (default mortred-twisted)
 #   MORTRED_SKIP_IF_BUILT=1  do nothing when an image with the same inputs exists
+# The last line names the image built: "image: mortred-twisted:inputs-<16 hex of the hash>".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -43,24 +44,28 @@ if [ -z "$WHEELS_DIR" ] && compgen -G "/opt/wheels/torch-*+cpu-*.whl" >/dev/null
 fi
 if [ -n "$WHEELS_DIR" ]; then
   # the CPU wheel from the folder; the PyTorch index is not asked (it may be unreachable)
-  args+=(-v "$WHEELS_DIR:/opt/wheels:ro" --build-arg PIP_FIND_LINKS=/opt/wheels
+  # mounted on /mnt, a folder every Debian base has: a mount point that does not
+  # exist would be left in the image as an empty placeholder
+  args+=(-v "$WHEELS_DIR:/mnt:ro" --build-arg PIP_FIND_LINKS=/mnt
          --build-arg PIP_EXTRA_INDEX_URL=)
-  hash_args+=("PIP_FIND_LINKS=/opt/wheels" "PIP_EXTRA_INDEX_URL=")
+  hash_args+=("PIP_FIND_LINKS=/mnt" "PIP_EXTRA_INDEX_URL=")
 fi
-# pip trusts what this machine trusts, for the build only (never copied into the image)
+# pip trusts what this machine trusts, for the build only: the bundle is mounted over
+# the base's own (/etc/ssl/certs/ca-certificates.crt, which both bases have), so nothing
+# of it, not even an empty mount point, stays in the image
 for ca in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt; do
   if [ -f "$ca" ]; then
-    args+=(-v "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
+    args+=(-v "$ca:/etc/ssl/certs/ca-certificates.crt:ro"
+           --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
     break
   fi
 done
 
 HASH=$("$PY" deploy/container/build_inputs.py hash "${hash_args[@]}")
-if [ "${MORTRED_SKIP_IF_BUILT:-0}" = 1 ] \
-   && [ -n "$(podman images -q --filter "label=mortred.build-inputs=$HASH" "$IMAGE")" ]; then
-  echo "$IMAGE: an image of these inputs exists ($HASH)"
-  podman tag "$(podman images -q --filter "label=mortred.build-inputs=$HASH" "$IMAGE" | head -1)" \
-    "$IMAGE:$VERSION" "$IMAGE:latest"
+INPUTS_TAG="$IMAGE:inputs-${HASH:0:16}"
+if [ "${MORTRED_SKIP_IF_BUILT:-0}" = 1 ] && podman image exists "$INPUTS_TAG"; then
+  echo "$IMAGE: an image of these inputs exists"
+  echo "image: $INPUTS_TAG"
   exit 0
 fi
 
@@ -74,6 +79,7 @@ podman build "${args[@]}" \
   --build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" \
   --build-arg "SOURCE=$SOURCE" --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   --label "mortred.build-inputs=$HASH" \
-  -f Containerfile -t "$IMAGE:$VERSION" -t "$IMAGE:latest" "$@" .
+  -f Containerfile -t "$IMAGE:$VERSION" -t "$IMAGE:latest" -t "$INPUTS_TAG" "$@" .
 echo "built $IMAGE:$VERSION ($IMAGE:latest) in $(( $(date +%s) - start )) s," \
   "$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION") bytes; inputs $HASH"
+echo "image: $INPUTS_TAG"

@@ -1,0 +1,57 @@
+"""Container tests (issue 34): the image and the compose files, really built and run
+with podman here. Marked ``containers`` and ``slow``; they skip with the reason when
+podman, podman-compose or the dnsname plugin are missing, and fail instead under
+``CI=true`` (.ci/run installs them: deploy/container/host-setup.sh).
+
+Cost: the image is reused while its build inputs are unchanged (the hash of
+deploy/container/build_inputs.py); a source change rebuilds the last layers, a cold
+build (no layer cache) takes minutes (docs/operations.md § Containers has the figures).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.containers.support import build_image, require_tools, run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "containers: builds and runs the container image")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/containers/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.containers)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The image of this checkout (built once per session when its inputs changed)."""
+    require_tools()
+    return build_image()
+
+
+@pytest.fixture(scope="session")
+def redis_image() -> str:
+    """A Redis >= 7 image: the official one when present, else one from Debian's
+    packages (deploy/container/build-redis-image.sh)."""
+    require_tools()
+    official = "docker.io/library/redis:7.2"
+    if subprocess.run(["podman", "image", "exists", official]).returncode == 0:
+        return official
+    run(["deploy/container/build-redis-image.sh"], timeout=900)
+    return "localhost/mortred-redis:bookworm"
+
+
+@pytest.fixture
+def container_names() -> Iterator[list[str]]:
+    """Names of containers a test starts with ``podman run``; removed afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        run(["podman", "rm", "-f", "-t", "5", name], check=False, timeout=120)
