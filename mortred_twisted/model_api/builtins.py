@@ -22,10 +22,10 @@ MODEL_FACTORIES: Mapping[str, str] = {
     # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
     # as a type and builds the same transformers image classifier.
     "MOBILENETV2": (
-        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+        "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
     "IMAGE_CLASSIFICATION": (
-        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+        "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
     "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
     "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",

@@ -26,7 +26,7 @@ from PIL import Image
 
 from mortred_twisted.data.digits import load_digit_split
 from mortred_twisted.data.scenes import render_digit_canvas
-from mortred_twisted.models.classification.image_classification import (
+from mortred_twisted.models.mortred_v1.classification import (
     ImageClassificationModel,
     create,
 )
@@ -64,7 +64,7 @@ def accuracy(model: ImageClassificationModel, grey: np.ndarray, labels: np.ndarr
     hits = 0
     for start in range(0, len(grey), 256):
         pictures = [to_rgb(g) for g in grey[start : start + 256]]
-        scores = model.probabilities(model.pixel_values(pictures))
+        scores = model.probabilities(pictures)
         hits += int((scores.argmax(1) == labels[start : start + 256]).sum())
     return hits / len(grey)
 

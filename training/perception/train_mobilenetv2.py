@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from mortred_twisted.data.digits import load_digit_split
-from mortred_twisted.models.classification.image_classification import MODEL_TYPE
 from mortred_twisted.models.diffusion.manifest import write_manifest
+from mortred_twisted.models.mortred_v1.classification import MODEL_TYPE
 from training.perception.common import WEIGHTS_DIR, Timer, base_parser, command_line, log, setup
 from training.perception.eval_mobilenetv2 import evaluate_directory
 

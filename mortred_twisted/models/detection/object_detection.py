@@ -36,7 +36,6 @@ import torch
 from PIL import Image as PILImage
 
 from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
-from mortred_twisted.models.classification.image_classification import class_names
 from mortred_twisted.models.classification.pretrained import (
     load_processor,
     quiet_transformers,
@@ -55,6 +54,7 @@ from mortred_twisted.models.detection.yolov8 import (
     threshold_options,
 )
 from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.models.transformers_tasks.common import label_names as class_names
 from mortred_twisted.sdk import Context, Image, ServedModel
 
 MODEL_TYPE = "OBJECT_DETECTION"

@@ -58,15 +58,21 @@ class ImageClassifier(ServedModel):
     def predict_batch(self, ctx: Any, items: list[dict[str, Any]]) -> list[Any]:
         return run_items(items, self._classify)
 
-    def _classify(self, pictures: list[Any], items: list[dict[str, Any]]) -> list[Any]:
+    def probabilities(self, pictures: list[Any]) -> list[Any]:
+        """Softmax probabilities (float32 CPU tensor of N classes, class order) of each
+        RGB picture (PIL), in picture order: one forward pass per preprocessed shape.
+        The ``mortred-v1`` contract formats these too (:mod:`..mortred_v1`)."""
         model = self.parts.model
         placed = forward_groups(
             self.parts, pictures, lambda batch: model(**batch).logits.float().softmax(-1).cpu()
         )
+        return [out[row] for out, row in placed]
+
+    def _classify(self, pictures: list[Any], items: list[dict[str, Any]]) -> list[Any]:
         answers: list[Any] = []
-        for (probs, row), item in zip(placed, items, strict=True):
+        for probs, item in zip(self.probabilities(pictures), items, strict=True):
             k = bounded("top_k", item.get("top_k"), len(self.labels))
-            scores, ids = probs[row].topk(k)
+            scores, ids = probs.topk(k)
             answers.append(
                 Classification(
                     labels=[self.labels[i] for i in ids.tolist()],

@@ -52,7 +52,7 @@ CONTRACTS = (SDK_CONTRACT, MORTRED_V1)
 #: for it (a test checks these are the registry's entries of those types).
 V1_FAMILIES: Mapping[str, str] = {
     "image-classification": (
-        "mortred_twisted.models.classification.image_classification:ImageClassificationModel"
+        "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
     "object-detection": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
     "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",

@@ -23,8 +23,8 @@ from mortred_twisted.model_api.base import (
     RunCancelled,
     RunContext,
 )
-from mortred_twisted.models.classification import image_classification
 from mortred_twisted.models.detection import object_detection, yolov8
+from mortred_twisted.models.mortred_v1 import classification as image_classification
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.prompter import Embedded
@@ -70,7 +70,7 @@ def test_classifier_batch_isolates_a_bad_image(stand_in: Callable[[str], Path]) 
         np.testing.assert_allclose(out[i]["scores"], single["scores"], atol=1e-5)
         assert sum(out[i]["scores"]) == pytest.approx(1.0, abs=1e-3)
         assert len(out[i]["scores"]) == 1001
-        assert out[i]["category"] == model.instance.net.config.id2label[out[i]["class_id"]]
+        assert out[i]["category"] == model.instance.task.parts.config.id2label[out[i]["class_id"]]
 
 
 def test_classifier_several_images_and_top_k(stand_in: Callable[[str], Path]) -> None:

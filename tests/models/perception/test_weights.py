@@ -14,12 +14,13 @@ import torch
 
 from mortred_twisted.config.server import load_server_config
 from mortred_twisted.model_api.base import ModelLoadError
-from mortred_twisted.models.classification import image_classification, pretrained
+from mortred_twisted.models.classification import pretrained
 from mortred_twisted.models.classification.weights import (
     load_verified_checkpoint,
     write_manifest_entry,
 )
 from mortred_twisted.models.detection import yolov8
+from mortred_twisted.models.mortred_v1 import classification as image_classification
 from mortred_twisted.models.registry import create_model
 from tests.models.perception.conftest import ROOT, TINY_ARCHS
 
