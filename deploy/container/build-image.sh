@@ -82,4 +82,8 @@ podman build "${args[@]}" \
   -f Containerfile -t "$IMAGE:$VERSION" -t "$IMAGE:latest" -t "$INPUTS_TAG" "$@" .
 echo "built $IMAGE:$VERSION ($IMAGE:latest) in $(( $(date +%s) - start )) s," \
   "$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION") bytes; inputs $HASH"
+# keep the newest three images by inputs (older ones are freed unless a container uses them)
+podman images --sort created --format '{{.Repository}}:{{.Tag}}' "$IMAGE" \
+  | grep ":inputs-" | grep -v -x "localhost/$INPUTS_TAG" | tail -n +3 \
+  | xargs -r podman rmi >/dev/null 2>&1 || true
 echo "image: $INPUTS_TAG"

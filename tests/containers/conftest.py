@@ -54,4 +54,4 @@ def container_names() -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     for name in names:
-        run(["podman", "rm", "-f", "-t", "5", name], check=False, timeout=120)
+        run(["podman", "rm", "-f", "-v", "-t", "5", name], check=False, timeout=120)
