@@ -27,7 +27,7 @@ MODEL_FACTORIES: Mapping[str, str] = {
     "IMAGE_CLASSIFICATION": (
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
-    "OBJECT_DETECTION": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
+    "OBJECT_DETECTION": "mortred_twisted.models.mortred_v1.detection:ObjectDetectionModel",
     "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
     "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",

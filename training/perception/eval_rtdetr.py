@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from mortred_twisted.data.scenes import CLASS_NAMES, scene_split
-from mortred_twisted.models.detection.object_detection import ObjectDetectionModel, create
+from mortred_twisted.models.mortred_v1.detection import ObjectDetectionModel, create
 from training.perception.common import ROOT, base_parser, setup
 from training.perception.metrics import detection_map
 

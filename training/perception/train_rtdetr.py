@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from mortred_twisted.data.scenes import CLASS_NAMES, scene_split
-from mortred_twisted.models.detection.object_detection import MODEL_TYPE
 from mortred_twisted.models.diffusion.manifest import write_manifest
+from mortred_twisted.models.mortred_v1.detection import MODEL_TYPE
 from training.perception.common import WEIGHTS_DIR, Timer, base_parser, command_line, log, setup
 from training.perception.eval_rtdetr import evaluate_directory
 from training.perception.train_yolov8 import augment, pack

@@ -54,7 +54,7 @@ V1_FAMILIES: Mapping[str, str] = {
     "image-classification": (
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
-    "object-detection": "mortred_twisted.models.detection.object_detection:ObjectDetectionModel",
+    "object-detection": "mortred_twisted.models.mortred_v1.detection:ObjectDetectionModel",
     "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
 }
 

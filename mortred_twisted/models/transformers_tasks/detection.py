@@ -70,15 +70,26 @@ class ObjectDetector(ServedModel):
     def predict_batch(self, ctx: Any, items: list[dict[str, Any]]) -> list[Any]:
         return run_items(items, self._detect)
 
-    def _detect(self, pictures: list[Any], items: list[dict[str, Any]]) -> list[Any]:
-        model, processor = self.parts.model, self.parts.processor
+    def raw_outputs(self, pictures: list[Any]) -> list[Any]:
+        """The network's output for each RGB picture (PIL) alone (``logits`` and
+        ``pred_boxes`` of one row, float32 on the CPU), in picture order: one forward
+        pass per preprocessed shape. The ``mortred-v1`` contract post-processes
+        these too (:mod:`..mortred_v1.detection`)."""
+        model = self.parts.model
         placed = forward_groups(self.parts, pictures, lambda batch: model(**batch))
-        answers: list[Any] = []
-        for picture, (out, row), item in zip(pictures, placed, items, strict=True):
-            one = type(out)(
+        return [
+            type(out)(
                 logits=out.logits[row : row + 1].float().cpu(),
                 pred_boxes=out.pred_boxes[row : row + 1].float().cpu(),
             )
+            for out, row in placed
+        ]
+
+    def _detect(self, pictures: list[Any], items: list[dict[str, Any]]) -> list[Any]:
+        processor = self.parts.processor
+        answers: list[Any] = []
+        outputs = self.raw_outputs(pictures)
+        for picture, one, item in zip(pictures, outputs, items, strict=True):
             w, h = picture.size
             found = processor.post_process_object_detection(
                 one, threshold=float(item.get("threshold", 0.5)), target_sizes=[(h, w)]

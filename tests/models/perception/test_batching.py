@@ -23,8 +23,9 @@ from mortred_twisted.model_api.base import (
     RunCancelled,
     RunContext,
 )
-from mortred_twisted.models.detection import object_detection, yolov8
+from mortred_twisted.models.detection import yolov8
 from mortred_twisted.models.mortred_v1 import classification as image_classification
+from mortred_twisted.models.mortred_v1 import detection as object_detection
 from mortred_twisted.models.segment_anything import sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.prompter import Embedded
