@@ -79,8 +79,13 @@ from mortred_twisted.gateway.routing import (
 from mortred_twisted.http.responder import is_json_content_type
 from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE, host_refusal
 from mortred_twisted.http11.messages import StreamCut
-from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError, UpstreamUnavailable
-from mortred_twisted.http11.upstream_stream import UpstreamStream
+from mortred_twisted.http11.upstream import (
+    UpstreamClient,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamUnavailable,
+)
+from mortred_twisted.http11.upstream_stream import UpstreamStream, relay_body
 from mortred_twisted.supervisor.child_contract import (
     CHALLENGE_HEADER,
     PROOF_HEADER,
@@ -152,6 +157,21 @@ _DROP_RESPONSE = {
     b"server",
     b"x-content-type-options",  # the gateway's server adds its own nosniff to every answer
 }
+
+
+def _unless_file(stream: UpstreamStream) -> Any:
+    """A result file's upstream answer: the stream of a 200/206 (relayed as it
+    comes), any other answer read whole (an ``UpstreamResponse``)."""
+    if stream.code in (200, 206):
+        return stream
+    return stream.read_all().addCallback(
+        lambda body: UpstreamResponse(stream.code, stream.headers, body)
+    )
+
+
+def _whole_only(answer: Any, check: Callable[[Any, Any], Any], route: Any) -> Any:
+    """``check(answer, route)`` for a whole answer; a stream passes as it is."""
+    return check(answer, route) if isinstance(answer, UpstreamResponse) else answer
 
 
 def request_ids() -> Callable[[], str]:
@@ -394,6 +414,11 @@ class GatewayApp:
         if route.kind is RouteKind.EVENTS:
             d: Any = self.upstream.stream(method, route.url, headers)
             answer: Any = self._stream_head
+        elif route.kind is RouteKind.FILE and method == "GET":
+            d = self.upstream.stream(method, route.url, headers).addCallback(_unless_file)
+            if self.cold_start is not None:  # a draining replica's 503: as refused
+                d.addCallback(_whole_only, self.cold_start.refuse_not_ready, route)
+            answer = self._file_head
         else:
             d = self.upstream.request(method, route.url, headers, data)
             if self.cold_start is not None:  # a draining replica's 503: as refused
@@ -541,6 +566,36 @@ class GatewayApp:
             for name, values in headers.getAllRawHeaders():
                 if name.lower() not in _DROP_RESPONSE:
                     out.setRawHeaders(name, values)
+
+    # -- result files -----------------------------------------------------------------
+
+    def _file_head(
+        self, stream: UpstreamStream | UpstreamResponse, request: Any, route: Route,
+        started: float,
+    ) -> Any:  # fmt: skip
+        """The model answered a result file's head: a 200/206 is relayed as it comes
+        (:func:`~mortred_twisted.http11.upstream_stream.relay_body`: at the client's
+        pace, framed by the model's ``Content-Length``, never held whole); any other
+        answer (304, an error JSON) is read whole and answered as usual."""
+        if isinstance(stream, UpstreamResponse):
+            return self._answer(stream, request, route, started)
+        label = route.kind.value
+        self.metrics.hot.observe(label, (self.clock.seconds() - started) * 1000.0)
+        request.setResponseCode(stream.code)
+        self._copy_headers(stream.headers, request.responseHeaders)
+        self.metrics.hot.count(label, str(stream.code))
+        d = relay_body(stream, request)
+        d.addErrback(self._file_cut, request, route)
+        d.addBoth(self._stream_closed, route)
+        return d
+
+    def _file_cut(self, failure: Any, request: Any, route: Route) -> bytes:
+        """The model's file answer broke off: 502 if nothing was sent yet, else the
+        client's answer is cut (short of its Content-Length)."""
+        if request.started:
+            return self._broke_off(failure, route)
+        request.responseHeaders = type(request.responseHeaders)()
+        return self._unread(failure, request, route)
 
     # -- event streams ----------------------------------------------------------------
 

@@ -17,8 +17,14 @@ serves it:
   route: ids cannot be probed); a job not done yet: 409, except the files a running
   job has already written (its ``preview`` events name them), served uncached.
 
-The file is looked up and read on a thread (``runtime.io_threads``: the store's
-``lookup`` and ``read``, a file or an S3 object), never on the reactor.
+The file is looked up, opened and read on a thread (``runtime.io_threads``: the
+store's ``lookup`` and ``open_range``, a file or an S3 object), never on the
+reactor, and **streamed**: a chunk at a time at the client's pace
+(:class:`~mortred_twisted.http11.threaded_body.ThreadedBody`, framed by the
+``Content-Length`` announced), so an answer holds a chunk or two, not the file; a
+client that leaves stops the reading at once. The file is served from the handle
+opened after the lookup: one replaced since (another attempt) is a 503 before the
+head, and a source that fails after it cuts the connection, never a short 200.
 :func:`prefers_inline` reads a submit's ``Prefer: return=inline``; when the server
 honours it (:func:`inline_applied`: an SDK model, whose outputs may hold files) the
 answer says so with ``Preference-Applied: return=inline`` (RFC 7240 §3): the 202 of
@@ -42,6 +48,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.answers import header_value
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.responder import Responder
+from mortred_twisted.http11.threaded_body import ThreadedBody
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import JobSnapshot
@@ -232,4 +239,6 @@ class JobFileRoutes:
         set_header(b"Content-Length", b"%d" % length)
         if request.method == b"HEAD" or length == 0:
             return b""
-        return self.runtime.io_threads(self.runtime.result_files.read, found, start, length)
+        run = self.runtime.io_threads
+        opened = run(self.runtime.result_files.open_range, found, start, length)
+        return opened.addCallback(lambda source: ThreadedBody(request, source, length, run).start())

@@ -73,6 +73,10 @@ class RouteRequest:
         """A streamed answer's head was sent (an error can no longer be answered)."""
         return bool(self._proxy.started)
 
+    def declare_length(self, length: int | None) -> None:
+        """Frame the streamed answer about to be written by ``Content-Length``."""
+        self._proxy.declare_length(length)
+
     def registerProducer(self, producer: Any, streaming: bool = True) -> None:
         """A streamed answer's source, paused while the client does not read."""
         self._proxy.registerProducer(producer, streaming)

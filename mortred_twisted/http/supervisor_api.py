@@ -58,6 +58,7 @@ from mortred_twisted.http11.auth import (
 from mortred_twisted.http11.messages import ServerRequest, StreamCut
 from mortred_twisted.http11.server import HTTPServerFactory
 from mortred_twisted.http11.upstream import UpstreamClient, UpstreamError
+from mortred_twisted.http11.upstream_stream import relay_body
 from mortred_twisted.supervisor.metrics import render
 from mortred_twisted.supervisor.monitor import Supervisor
 from mortred_twisted.supervisor.trust import children_document
@@ -427,6 +428,8 @@ class SupervisorApi:
                 headers[name] = values[:1]
         if self.internal_token:
             headers[b"authorization"] = [b"Bearer " + self.internal_token.encode()]
+        if self.streams is not None:
+            return await self._file_stream(request, url, server_id, headers)
         try:
             response = await self.proxy.request("GET", url, headers, None)
         except UpstreamError as e:
@@ -437,6 +440,31 @@ class SupervisorApi:
             if values and values != [b""]:
                 request.responseHeaders.setRawHeaders(name, values)
         return response.body
+
+    async def _file_stream(
+        self, request: Any, url: str, server_id: str, headers: dict[bytes, list[bytes]]
+    ) -> bytes:
+        """A result file relayed as it comes (:func:`~mortred_twisted.http11.
+        upstream_stream.relay_body`: at the browser's pace, framed by the model's
+        ``Content-Length``, never held whole); an answer other than 200/206 (304, an
+        error) is read whole. A model that breaks off cuts the browser's answer."""
+        try:
+            stream = await self.streams.stream("GET", url, headers)
+        except UpstreamError as e:
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
+        request.setResponseCode(stream.code)
+        for name in _FILE_ANSWER:
+            values = stream.headers.getRawHeaders(name)
+            if values and values != [b""]:
+                request.responseHeaders.setRawHeaders(name, values)
+        try:
+            if stream.code not in (200, 206):
+                return await stream.read_all()
+            return await relay_body(stream, request)
+        except UpstreamError as e:
+            if request.started:  # the browser sees its answer cut
+                raise StreamCut(e.message) from e
+            return _json(request, e.status, {"error": f"{server_id}: {e.message}"})
 
     def _job(self, request: Any, server_id: str, job: str, part: str, method: str = "GET") -> Any:
         if not self._authorized(request):

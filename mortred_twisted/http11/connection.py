@@ -91,6 +91,13 @@ Contract (one :class:`HTTPConnection` per TCP connection, reactor thread only):
   (:class:`~.messages.StreamCut`: the source broke off) the connection closes
   without the final chunk, so the client sees the answer cut. A client that goes
   away cancels the Deferred, as for any answer.
+* A **length-framed streamed answer** (a result file): the app calls
+  ``request.declare_length(n)`` before its first write; the head then carries
+  ``Content-Length: n`` (keep-alive kept) and the pieces go out unframed. A piece
+  past ``n`` aborts the connection; an answer that ends short closes it (the client
+  sees it cut, never a short complete answer). Drain lets it finish, like a plain
+  answer. Its source registers as the request's producer, so a client that does
+  not read holds at most the transport's buffer and one piece in flight.
 """
 
 from __future__ import annotations
@@ -432,12 +439,18 @@ class HTTPConnection(Protocol):
             return
         writer = self._writer
         assert writer is not None
-        chunked = request.clientproto == b"HTTP/1.1"
+        sized = request.length is not None
+        chunked = not sized and request.clientproto == b"HTTP/1.1"
         if not request.started:
             request.started = True
-            if not chunked:
-                request.keep_alive = False  # the close ends the body
-            writer.write(encode_stream_head(request, chunked, self.factory.server_header))
+            if sized:  # framed by the declared Content-Length: keep-alive stays
+                close = not request.keep_alive or self._draining
+                head = encode_response(request, b"", close, self.factory.server_header)
+            else:
+                if not chunked:
+                    request.keep_alive = False  # the close ends the body
+                head = encode_stream_head(request, chunked, self.factory.server_header)
+            writer.write(head)
             if request.method == b"HEAD":  # the head is the whole answer: end it now
                 self.factory.clock.callLater(0, self._end_head_stream, request)
                 return
@@ -446,6 +459,13 @@ class HTTPConnection(Protocol):
                 self._paused_writes += len(data)
                 if self._paused_writes > MAX_PAUSED_WRITE:
                     log.warn("cut a stream its client does not read: {peer}", peer=self._peer())
+                    self._close(abort=True)
+                    return
+            if sized:
+                request.sent += len(data)
+                if request.sent > request.length:  # type: ignore[operator]
+                    log.error("a streamed answer overran its Content-Length: {path}",
+                              path=request.path)  # fmt: skip
                     self._close(abort=True)
                     return
             writer.write(encode_chunk(data) if chunked else data)
@@ -473,7 +493,10 @@ class HTTPConnection(Protocol):
         try:
             if request.started:  # the end of a streamed answer
                 self.write_body(request, body)
-                if request.clientproto == b"HTTP/1.1" and request.method != b"HEAD":
+                if request.length is not None:
+                    if request.sent != request.length and request.method != b"HEAD":
+                        close = True  # ended short: the client must see it cut
+                elif request.clientproto == b"HTTP/1.1" and request.method != b"HEAD":
                     self._writer.write(LAST_CHUNK)
             else:
                 self._writer.write(
@@ -611,7 +634,7 @@ class HTTPConnection(Protocol):
             return
         self._draining = True
         request = self._current
-        if self._busy and request is not None and request.started:
+        if self._busy and request is not None and request.started and request.length is None:
             pending, self._pending = self._pending, None
             if request.clientproto == b"HTTP/1.1":
                 assert self._writer is not None

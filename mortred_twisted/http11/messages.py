@@ -67,6 +67,10 @@ class ServerRequest:
     streamed answer :meth:`write` (``IRequest.write``): the first call sends the head
     (chunked on HTTP/1.1; on HTTP/1.0 the connection then closes at the end), each
     call one piece at once; the dispatch Deferred's bytes are the last piece.
+    After :meth:`declare_length` the streamed answer is framed by that
+    ``Content-Length`` instead (a result file: keep-alive kept, ranges possible);
+    the connection counts what is written in ``sent`` and closes it if the answer
+    ends short (the client then sees it cut, never a short complete answer).
     """
 
     __slots__ = (
@@ -77,12 +81,14 @@ class ServerRequest:
         "decided",
         "held",
         "keep_alive",
+        "length",
         "method",
         "path",
         "peer",
         "producer",
         "requestHeaders",
         "responseHeaders",
+        "sent",
         "started",
         "uri",
     )
@@ -105,6 +111,18 @@ class ServerRequest:
         self.held = 0  # body bytes held against the server's budget
         self.producer: Any = None  # a streamed answer's source (IPushProducer)
         self.decided: Any = None  # what the app decided from the head, for dispatch
+        self.length: int | None = None  # a streamed answer's declared Content-Length
+        self.sent = 0  # body bytes of a length-framed streamed answer written so far
+
+    def declare_length(self, length: int | None) -> None:
+        """Frame the streamed answer about to be written by ``Content-Length:
+        length`` (not chunked); call before the first :meth:`write`. None takes a
+        declaration back (its source failed before the head: another answer)."""
+        self.length = length
+        if length is None:
+            self.responseHeaders._items.pop(b"content-length", None)
+        else:
+            self.responseHeaders._items[b"content-length"] = (b"Content-Length", [b"%d" % length])
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now, as the next piece of a streamed answer."""

@@ -227,3 +227,34 @@ class StreamCall(_Call):
         conn.clock = self._client._clock
         conn.idle_s = stream_idle_s(self._client.recv_timeout_s)
         super()._send(conn, False)
+
+
+def declared_length(stream: UpstreamStream) -> int | None:
+    """The upstream answer's ``Content-Length`` (None: chunked, or not one number)."""
+    values = stream.headers.getRawHeaders(b"content-length")
+    if not values or len(values) != 1 or not values[0].isdigit() or len(values[0]) > 19:
+        return None
+    return int(values[0])
+
+
+def relay_body(stream: UpstreamStream, request: Any) -> defer.Deferred[bytes]:
+    """Relay the body of ``stream`` to ``request`` as it arrives, at the client's pace
+    (the stream is the request's producer: a client that does not read pauses the
+    upstream socket, so the relay holds a read or two, never the body). Framed by
+    the upstream's ``Content-Length`` when it has one (else chunked). The Deferred
+    fires with ``b""`` when the body is complete and fails like ``stream.done``
+    (before any byte was sent, with the declaration taken back);
+    cancelled (the client left), it aborts the upstream connection."""
+    length = declared_length(stream)
+    if length is not None:
+        request.declare_length(length)
+    request.registerProducer(stream, True)
+
+    def ended(result: Any) -> Any:
+        request.unregisterProducer()
+        if length is not None and isinstance(result, Failure) and not request.started:
+            request.declare_length(None)  # nothing sent: the caller answers otherwise
+        return result
+
+    stream.start(request.write)
+    return stream.done.addBoth(ended).addCallback(lambda _: b"")

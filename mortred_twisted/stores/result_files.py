@@ -86,6 +86,50 @@ def check_name(name: str, what: str = "file name") -> str:
     return name
 
 
+#: bytes one read of a streamed answer takes (a file answer holds about this much,
+#: plus the socket's buffers, per connection: never the whole file)
+CHUNK = 256 * 1024
+
+
+class FileChanged(OSError):
+    """A looked-up file was replaced before (or while) it was read: the answer is
+    refused (503, before its head) or cut (after it), never sent short or mixed."""
+
+
+class FileRange(Protocol):
+    """A range of one stored file being read (blocking; one thread at a time)."""
+
+    chunk: int
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` next bytes of the range (``b""`` at its end)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _OpenFileRange:
+    """:class:`FileRange` over an open file handle."""
+
+    __slots__ = ("_f", "_left", "chunk")
+
+    def __init__(self, f: Any, length: int) -> None:
+        self._f = f
+        self._left = length
+        self.chunk = CHUNK
+
+    def read(self, n: int) -> bytes:
+        n = min(n, self._left)
+        if n <= 0:
+            return b""
+        data = self._f.read(n)
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class StoredFile(NamedTuple):
     """One stored result file, as its sidecar describes it."""
 
@@ -175,10 +219,27 @@ class DirectoryResultFiles:
                           size, str(meta["sha256"]))  # fmt: skip
 
     def read(self, found: StoredFile, start: int, length: int) -> bytes:
-        """``length`` bytes of a looked-up file from ``start``."""
+        """``length`` bytes of a looked-up file from ``start`` (whole: small files,
+        tests; answers stream through :meth:`open_range`)."""
         with open(found.path, "rb") as f:
             f.seek(start)
             return f.read(length)
+
+    def open_range(self, found: StoredFile, start: int, length: int) -> FileRange:
+        """A reader of ``length`` bytes of a looked-up file from ``start``, read a
+        :data:`CHUNK` at a time. The file is opened now and the reader keeps that
+        handle: a later attempt's replacement (a rename) never changes what it
+        reads. Raises :class:`FileChanged` when the file is no longer the one
+        looked up (its size differs), ``OSError`` when it cannot be opened."""
+        f = open(found.path, "rb")  # noqa: SIM115 - the reader owns and closes it
+        try:
+            if os.fstat(f.fileno()).st_size != found.size:
+                raise FileChanged(f"{found.name} was replaced since its lookup")
+            f.seek(start)
+        except BaseException:
+            f.close()
+            raise
+        return _OpenFileRange(f, length)
 
     def clear(self, job_id: str, keep: Iterable[str] = ()) -> None:
         """Remove what an earlier attempt of ``job_id`` left (all but ``keep``)."""
@@ -222,6 +283,7 @@ class ResultFiles(Protocol):
     def put(self, job_id: str, name: str, data: bytes, content_type: str) -> StoredFile: ...
     def lookup(self, job_id: str, name: str) -> StoredFile | None: ...
     def read(self, found: StoredFile, start: int, length: int) -> bytes: ...
+    def open_range(self, found: StoredFile, start: int, length: int) -> FileRange: ...
     def clear(self, job_id: str, keep: Iterable[str] = ()) -> None: ...
     def remove(self, job_id: str) -> None: ...
     def job_ids(self, after: str = "", limit: int = SWEEP_BATCH) -> list[str]: ...

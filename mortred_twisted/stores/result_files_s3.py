@@ -51,6 +51,8 @@ from mortred_twisted.config.s3 import (
 )
 from mortred_twisted.stores.result_files import (
     SWEEP_BATCH,
+    FileChanged,
+    FileRange,
     JobFiles,
     StoredFile,
     check_name,
@@ -299,6 +301,13 @@ class S3ResultFiles:
             return reply.body[start : start + length]
         return reply.body
 
+    def open_range(self, found: StoredFile, start: int, length: int) -> FileRange:
+        """A reader of ``length`` bytes of a looked-up object from ``start``: one
+        ranged GET of :data:`S3_CHUNK` bytes per read, each checked to come from the
+        object looked up (its ``x-amz-meta-sha256``; another attempt's object
+        raises :class:`FileChanged`, so an answer is cut, never mixed)."""
+        return _S3Range(self, found, start, length)
+
     def clear(self, job_id: str, keep: Iterable[str] = ()) -> None:
         """Remove what an earlier attempt of ``job_id`` left (all but ``keep``)."""
         base = self._job_key(job_id)
@@ -338,3 +347,38 @@ def _safe(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+#: bytes one ranged GET of a streamed answer asks for (fewer requests than the
+#: directory's chunk: each costs a round trip to the object store)
+S3_CHUNK = 1024 * 1024
+
+
+class _S3Range:
+    """:class:`FileRange` of an S3 object: a ranged GET per :meth:`read`."""
+
+    __slots__ = ("_files", "_found", "_left", "_pos", "chunk")
+
+    def __init__(self, files: S3ResultFiles, found: StoredFile, start: int, length: int) -> None:
+        self._files = files
+        self._found = found
+        self._pos = start
+        self._left = length
+        self.chunk = S3_CHUNK
+
+    def read(self, n: int) -> bytes:
+        n = min(n, self._left)
+        if n <= 0:
+            return b""
+        found = self._found
+        headers = {"range": f"bytes={self._pos}-{self._pos + n - 1}"}
+        reply = self._files._request("GET", found.path, headers=headers, ok=(200, 206))
+        if reply.headers.get("x-amz-meta-sha256", found.sha256) != found.sha256:
+            raise FileChanged(f"{found.name} was replaced since its lookup")
+        data = reply.body[self._pos : self._pos + n] if reply.status == 200 else reply.body[:n]
+        self._pos += len(data)
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        """Nothing to release (each read is a whole request)."""

@@ -364,7 +364,7 @@ def test_the_gateway_forwards_prefer_on_a_submit_only() -> None:
     assert "prefer" not in h.model.seen[-1].headers
 
 
-@pytest.mark.parametrize("failing", ["lookup", "read"])
+@pytest.mark.parametrize("failing", ["lookup", "open_range"])
 def test_a_store_that_fails_is_a_503_not_a_half_answer(
     served: Any, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
