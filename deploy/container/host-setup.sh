@@ -13,8 +13,9 @@
 #                                                    CAP_SYS_RESOURCE to raise them)
 set -euo pipefail
 
-PACKAGES=(podman buildah mmdebstrap podman-compose runc slirp4netns fuse-overlayfs
-          uidmap golang-github-containernetworking-plugin-dnsname)
+# docker-compose: Debian's 1.29 (the Docker client), tested against podman's Docker API
+PACKAGES=(podman buildah mmdebstrap podman-compose docker-compose runc slirp4netns
+          fuse-overlayfs uidmap golang-github-containernetworking-plugin-dnsname)
 CONF=/etc/containers/containers.conf
 DROPIN_DIR=/etc/containers/containers.conf.d
 DROPIN=$DROPIN_DIR/50-mortred.conf
@@ -22,7 +23,7 @@ check_only=0
 [ "${1:-}" = "--check" ] && check_only=1
 
 missing=()
-for tool in podman buildah mmdebstrap podman-compose runc; do
+for tool in podman buildah mmdebstrap podman-compose docker-compose runc; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 [ -x /usr/lib/cni/dnsname ] || missing+=(dnsname)

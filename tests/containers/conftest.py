@@ -10,12 +10,15 @@ build (no layer cache) takes minutes (docs/operations.md § Containers has the f
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.containers.support import build_image, require_tools, run
+from tests.containers.support import build_image, require_tools, run, wait_for
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,3 +58,29 @@ def container_names() -> Iterator[list[str]]:
     yield names
     for name in names:
         run(["podman", "rm", "-f", "-v", "-t", "5", name], check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    """``DOCKER_HOST`` of podman's Docker-compatible API (``podman system service``), for
+    Docker's own clients (docker-compose); the service is stopped afterwards."""
+    require_tools()
+    folder = Path(tempfile.mkdtemp(prefix="mortred-podman-api-"))
+    socket_path = folder / "podman.sock"
+    service = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{socket_path}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for("podman's API socket", lambda: socket_path.exists(), deadline_s=60)
+        yield f"unix://{socket_path}"
+    finally:
+        service.terminate()
+        try:
+            service.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait(timeout=30)
+        socket_path.unlink(missing_ok=True)
+        os.rmdir(folder)

@@ -41,6 +41,8 @@ def _load_build_inputs() -> Any:
 build_inputs = _load_build_inputs()
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TOOLS = ("podman", "podman-compose")
+#: Debian's docker-compose 1.29 (the Docker client side), run against podman's Docker API
+DOCKER_COMPOSE = "docker-compose"
 DNSNAME_PLUGIN = Path("/usr/lib/cni/dnsname")
 HOST_SETUP = ROOT / "deploy" / "container" / "host-setup.sh"
 
@@ -65,6 +67,15 @@ def require_tools() -> None:
     if IN_CI:
         pytest.fail(message + " [CI=true: not skipped]", pytrace=False)
     pytest.skip(message)
+
+
+def require(tool: str) -> None:
+    """Skip (fail under CI=true) when ``tool`` is not on PATH."""
+    if shutil.which(tool) is None:
+        message = f"{tool} is missing: run deploy/container/host-setup.sh"
+        if IN_CI:
+            pytest.fail(message + " [CI=true: not skipped]", pytrace=False)
+        pytest.skip(message)
 
 
 def run(
@@ -186,11 +197,14 @@ class Stack:
     files: tuple[str, ...]
     env: dict[str, str]
     project: str = field(default_factory=lambda: f"mortredtest{uuid.uuid4().hex[:8]}")
+    #: the compose implementation: podman-compose, or docker-compose (Debian's 1.29)
+    #: talking to podman's Docker API (``DOCKER_HOST`` in ``env``)
+    tool: str = "podman-compose"
 
     def compose(
         self, *args: str, timeout: float = 300, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        argv = ["podman-compose", "-p", self.project]
+        argv = [self.tool, "-p", self.project]
         for f in self.files:
             argv += ["-f", f]
         return run([*argv, *args], timeout=timeout, env={**os.environ, **self.env}, check=check)
@@ -228,7 +242,7 @@ class Stack:
                 "ls",
                 "-q",
                 "--filter",
-                f"label=io.podman.compose.project={self.project}",
+                f"label=com.docker.compose.project={self.project}",
             ],
             check=False,
         ).stdout.split()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.containers.support import Stack, answers, free_port, http, run, wait_for
+from tests.containers.support import Stack, answers, free_port, http, require, run, wait_for
 
 GW_TOKEN = "gw-compose-test-token"
 API_TOKEN = "api-compose-test-token"
@@ -24,12 +24,21 @@ class ControlPlane:
         self.supervisor = supervisor
 
 
-@pytest.fixture(scope="module")
-def plane(image: str) -> Iterator[ControlPlane]:
+@pytest.fixture(scope="module", params=["podman-compose", "docker-compose"])
+def plane(request: pytest.FixtureRequest, image: str) -> Iterator[ControlPlane]:
+    """The stack under podman-compose, then under Debian's docker-compose (1.29, the
+    Docker client) talking to podman's Docker API."""
+    tool = request.param
+    extra: dict[str, str] = {}
+    if tool == "docker-compose":
+        require(tool)
+        extra["DOCKER_HOST"] = request.getfixturevalue("docker_host")
     gw_port, sup_port = free_port(), free_port()
     stack = Stack(
+        tool=tool,
         files=("docker-compose.yml",),
         env={
+            **extra,
             "MORTRED_IMAGE": image,
             "MORTRED_GATEWAY_PORT": str(gw_port),
             "MORTRED_SUPERVISOR_PORT": str(sup_port),
