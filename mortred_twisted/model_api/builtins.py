@@ -29,7 +29,7 @@ MODEL_FACTORIES: Mapping[str, str] = {
     ),
     "OBJECT_DETECTION": "mortred_twisted.models.mortred_v1.detection:ObjectDetectionModel",
     "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
-    "SAM_AMG": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
+    "SAM_AMG": "mortred_twisted.models.mortred_v1.mask_generation:SamAmgModel",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
     "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
 }

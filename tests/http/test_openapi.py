@@ -58,7 +58,7 @@ def test_every_model_family_declares_its_output_schema() -> None:
     from mortred_twisted.models.mortred_v1.classification import (
         ImageClassificationModel as MobileNetV2Model,
     )
-    from mortred_twisted.models.segment_anything.sam_amg import SamAmgModel
+    from mortred_twisted.models.mortred_v1.mask_generation import SamAmgModel
 
     for cls in (MobileNetV2Model, YoloV8Model, DiffusionModel, SamAmgModel):
         assert cls.output_schema is not None, cls.__name__

@@ -32,13 +32,13 @@ from scipy import ndimage
 
 from mortred_twisted.data.scenes import scene_split
 from mortred_twisted.models.diffusion.manifest import write_manifest
-from mortred_twisted.models.segment_anything.amg import AmgConfig
-from mortred_twisted.models.segment_anything.prompter import SamPrompter
-from mortred_twisted.models.segment_anything.sam_amg import (
+from mortred_twisted.models.mortred_v1.mask_generation import (
     DEFAULT_PRETRAINED,
     create,
     load_for_eval,
 )
+from mortred_twisted.models.segment_anything.amg import AmgConfig
+from mortred_twisted.models.segment_anything.prompter import SamPrompter
 from training.perception.common import ROOT, base_parser, command_line, setup
 from training.perception.metrics import mask_iou, mask_matching
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from mortred_twisted.data.scenes import Scene, scene_split
 from mortred_twisted.models.diffusion.manifest import write_manifest
-from mortred_twisted.models.segment_anything.sam_amg import MODEL_TYPE
+from mortred_twisted.models.mortred_v1.mask_generation import MODEL_TYPE
 from training.perception.common import WEIGHTS_DIR, Timer, base_parser, command_line, log, setup
 
 SCENE_SIZE = 64  # the synthetic scenes' size

@@ -55,7 +55,7 @@ V1_FAMILIES: Mapping[str, str] = {
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
     "object-detection": "mortred_twisted.models.mortred_v1.detection:ObjectDetectionModel",
-    "mask-generation": "mortred_twisted.models.segment_anything.sam_amg:SamAmgModel",
+    "mask-generation": "mortred_twisted.models.mortred_v1.mask_generation:SamAmgModel",
 }
 
 

@@ -20,9 +20,12 @@ picture is already many decoder calls).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.transformers_tasks.common import (
     COMMON_OPTIONS,
     check_options,
@@ -73,7 +76,6 @@ class MaskGenerator(ServedModel):
     def setup(self) -> None:
         from mortred_twisted.models.segment_anything.amg import AutomaticMaskGenerator
         from mortred_twisted.models.segment_anything.prompter import SamPrompter
-        from mortred_twisted.models.segment_anything.sam_amg import amg_config_from_options
 
         check_options(self.options, COMMON_OPTIONS | AMG_KEYS)
         self.config = amg_config_from_options(
@@ -119,7 +121,7 @@ class MaskGenerator(ServedModel):
         }
         import numpy as np
 
-        from mortred_twisted.models.segment_anything.sam_amg import mask_to_rle, overlay
+        from mortred_twisted.models.segment_anything.masks import mask_to_rle, overlay
 
         config = replace(self.config, **{k: v for k, v in given.items() if v is not None})
         rgb = image.to_numpy("RGB")
@@ -152,3 +154,30 @@ class MaskGenerator(ServedModel):
         return MaskGeneration(
             width=int(rgb.shape[1]), height=int(rgb.shape[0]), masks=masks, overlay=shown
         )
+
+
+def amg_config_from_options(options: Mapping[str, Any]) -> Any:
+    """The generator's defaults (an ``AmgConfig``) from the server file's AMG keys,
+    typed and within the same bounds as the request's inputs (a config must not
+    allow what a request may not); ModelLoadError naming the key otherwise. The
+    ``mortred-v1`` adapter reads its defaults here too."""
+    from dataclasses import fields
+
+    from mortred_twisted.models.classification.weights import option
+    from mortred_twisted.models.segment_anything.amg import AmgConfig
+    from mortred_twisted.sdk.loading import declaration_of
+
+    defaults = AmgConfig()
+    values: dict[str, Any] = {}
+    for f in fields(AmgConfig):
+        kind = type(getattr(defaults, f.name))
+        values[f.name] = option(options, f.name, getattr(defaults, f.name), kind)
+    config = AmgConfig(**values)
+    for decl in declaration_of(MaskGenerator).inputs:
+        if decl.name in AMG_KEYS:
+            value = getattr(config, decl.name)
+            low = -math.inf if decl.ge is None else decl.ge
+            high = math.inf if decl.le is None else decl.le
+            if not low <= value <= high:
+                raise ModelLoadError(f"{decl.name} must lie in [{decl.ge}, {decl.le}]")
+    return config

@@ -18,7 +18,7 @@ from mortred_twisted.model_api.base import (
     ModelLoadError,
     RunContext,
 )
-from mortred_twisted.models.segment_anything import sam_amg
+from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
 from mortred_twisted.models.segment_anything.amg import (
     CANDIDATES_PER_CROP,
     MAX_MASKS,
@@ -33,6 +33,7 @@ from mortred_twisted.models.segment_anything.crops import (
     uncrop_masks,
     uncrop_points,
 )
+from mortred_twisted.models.segment_anything.masks import rle_to_mask
 from mortred_twisted.models.segment_anything.prompter import Embedded
 from tests.models.perception.conftest import ROOT, png_bytes
 
@@ -171,7 +172,7 @@ def test_two_crop_layers_give_each_object_once_in_picture_coordinates() -> None:
     assert len(masks) == len(RECTS)
     found = {}
     for record in masks:
-        mask = sam_amg.rle_to_mask(record["segmentation"])
+        mask = rle_to_mask(record["segmentation"])
         assert mask.shape == (300, 300) and record["area"] == int(mask.sum())
         x, y, w, h = record["bbox"]
         found[(x, y, x + w, y + h)] = record
@@ -249,7 +250,7 @@ import json, resource, sys
 import numpy as np, torch
 sys.path.insert(0, {root!r})
 from mortred_twisted.model_api.base import InferenceRequest, RunContext
-from mortred_twisted.models.segment_anything import sam_amg
+from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
 from mortred_twisted.models.segment_anything.prompter import Embedded
 from tests.models.perception.conftest import png_bytes

@@ -26,8 +26,9 @@ from mortred_twisted.model_api.base import (
 from mortred_twisted.models.detection import yolov8
 from mortred_twisted.models.mortred_v1 import classification as image_classification
 from mortred_twisted.models.mortred_v1 import detection as object_detection
-from mortred_twisted.models.segment_anything import sam_amg
+from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
 from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.segment_anything.masks import rle_to_mask
 from mortred_twisted.models.segment_anything.prompter import Embedded
 from mortred_twisted.sdk.adapter import SdkModel
 from tests.models.perception.conftest import ROOT, png_bytes
@@ -181,7 +182,7 @@ def test_sam_random_stand_in_gives_well_formed_masks(stand_in: Callable[[str], P
     data = model.run(model.validate(_req(GOOD)), RunContext())
     assert (data["width"], data["height"]) == (56, 40) and data["masks"]
     for record in data["masks"]:
-        mask = sam_amg.rle_to_mask(record["segmentation"])
+        mask = rle_to_mask(record["segmentation"])
         assert mask.shape == (40, 56) and record["area"] == int(mask.sum()) > 0
         x, y, w, h = record["bbox"]
         assert min(x, y) >= 0 and x + w <= 56 and y + h <= 40
@@ -231,7 +232,7 @@ def test_amg_filters_and_deduplicates_to_one_mask_per_object() -> None:
     model = _disc_model(points_per_side=8, points_per_batch=10)
     data = model.run(model.validate(_req(GOOD2)), RunContext())
     assert (data["width"], data["height"]) == (64, 64)
-    masks = [sam_amg.rle_to_mask(m["segmentation"]) for m in data["masks"]]
+    masks = [rle_to_mask(m["segmentation"]) for m in data["masks"]]
     assert len(masks) == 2
     expected = sorted(DiscPrompter().masks, key=lambda m: -int(m.sum()))
     got = sorted(masks, key=lambda m: -int(m.sum()))
@@ -257,7 +258,7 @@ def test_sam_output_modes_and_overlay() -> None:
     assert (rle["width"], rle["height"]) == (56, 40)
     assert len(rle["masks"]) == len(png["masks"]) > 0
     for a, b in zip(rle["masks"], png["masks"], strict=True):
-        mask = sam_amg.rle_to_mask(a["segmentation"])
+        mask = rle_to_mask(a["segmentation"])
         decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(b["segmentation"])))) > 0
         np.testing.assert_array_equal(mask, decoded)
         assert a["area"] == int(mask.sum()) and mask.shape == (40, 56)
@@ -278,7 +279,7 @@ def test_amg_large_picture_masks_at_picture_size() -> None:
         model.validate(_req(png_bytes(np.zeros((320, 320, 3), np.uint8)))), RunContext()
     )
     assert (data["width"], data["height"]) == (320, 320)
-    masks = [sam_amg.rle_to_mask(m["segmentation"]) for m in data["masks"]]
+    masks = [rle_to_mask(m["segmentation"]) for m in data["masks"]]
     assert len(masks) == 2 and all(m.shape == (320, 320) for m in masks)
     expected = np.pi * (12 * 5) ** 2
     assert max(int(m.sum()) for m in masks) == pytest.approx(expected, rel=0.05)

@@ -16,7 +16,7 @@ from mortred_twisted.models.segment_anything.amg import (
     remove_small_regions,
     stability_score,
 )
-from mortred_twisted.models.segment_anything.sam_amg import mask_to_rle, rle_to_mask
+from mortred_twisted.models.segment_anything.masks import mask_to_rle, rle_to_mask
 
 
 def test_box_iou_hand_computed() -> None:
@@ -104,7 +104,7 @@ def test_rle_round_trip(mask: np.ndarray) -> None:
 
 def test_mask_boundary_ring() -> None:
     """The boundary of a filled 3x3 square is its ring of 8 pixels."""
-    from mortred_twisted.models.segment_anything.sam_amg import mask_boundary
+    from mortred_twisted.models.segment_anything.masks import mask_boundary
 
     m = np.zeros((5, 5), bool)
     m[1:4, 1:4] = True

@@ -22,8 +22,8 @@ from mortred_twisted.models.detection.yolov8 import YoloV8Model
 from mortred_twisted.models.isolated import validation_twin
 from mortred_twisted.models.mortred_v1.classification import ImageClassificationModel
 from mortred_twisted.models.mortred_v1.detection import ObjectDetectionModel
+from mortred_twisted.models.mortred_v1.mask_generation import SamAmgModel
 from mortred_twisted.models.registry import create_model
-from mortred_twisted.models.segment_anything.sam_amg import SamAmgModel
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.seed_contract import sdk_declaration
 from mortred_twisted.testing.closeness import assert_json_close

@@ -15,7 +15,7 @@ from PIL import Image
 from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusion.manifest import write_manifest
 from mortred_twisted.models.registry import create_model
-from mortred_twisted.models.segment_anything.sam_amg import rle_to_mask
+from mortred_twisted.models.segment_anything.masks import rle_to_mask
 from tests.models.transformers_tasks import layouts
 from tests.models.transformers_tasks.conftest import png
 

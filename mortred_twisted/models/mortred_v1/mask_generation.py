@@ -1,131 +1,55 @@
-"""SAM_AMG: automatic mask generation over a transformers ``SamModel``.
+"""Automatic mask generation with the seed's contract (``SAM_AMG``): an adapter over
+the task model :class:`~mortred_twisted.models.transformers_tasks.mask_generation.
+MaskGenerator` (its ``SamModel`` directory, its generator, its AMG defaults).
 
-The model is a transformers checkpoint directory (``pretrained`` in the model config,
-verified by :mod:`mortred_twisted.models.classification.pretrained`): the shipped small
-SAM trained here (``weights/perception/sam_amg``) or SAM ViT-B/L/H downloaded
-elsewhere. ``SamModel`` and ``SamImageProcessor`` are loaded from local files only; the
-automatic mask generator around them is ours (:mod:`.amg`).
-
-Input: PNG/JPEG images (RGB, any size). Output ``data`` for one image::
+The directory (``pretrained``, default the shipped small SAM) must match its
+``manifest.json``. The adapter maps the envelope's ``images`` (several per request,
+segmented one after the other) and the legacy params (the AMG keys, ``output_mode``,
+``return_overlay``) onto the generator, and its records onto the seed's ``data``::
 
     {"width": W, "height": H,
      "masks": [{"segmentation": <see below>, "area": int, "bbox": [x, y, w, h],
                 "predicted_iou": float, "stability_score": float,
-                "point_coords": [[x, y]]}, ...],       # decreasing predicted_iou
+                "point_coords": [[x, y]], "crop_box": [x, y, w, h]}, ...],
      "overlay": "<base64 PNG>"}                         # only if return_overlay
 
-``segmentation`` depends on ``output_mode``:
-
-* ``"uncompressed_rle"`` (default, COCO's uncompressed RLE as SAM emits it):
-  ``{"size": [H, W], "counts": [n0, n1, ...]}`` - run lengths of the mask read in
-  column-major (Fortran) order, starting with a run of zeros (possibly 0);
-* ``"binary_mask_png"``: a base64 PNG, 8-bit grey, 255 inside the mask, 0 outside.
-
-Several images give ``{"results": [that object, ...]}``. Progress is reported as prompt
-batches done / total over the whole request, and cancellation is checked between
-batches (a cancelled run raises :class:`RunCancelled`).
-
-Declared with the SDK (:class:`SamAmgModel`, the seed's ``"mortred-v1"`` contract:
-the params, 422 messages and ``data`` of the seed); requests run one by one.
+``segmentation`` is COCO's uncompressed RLE (``output_mode = "uncompressed_rle"``,
+:func:`~mortred_twisted.models.segment_anything.masks.mask_to_rle`) or a base64 PNG,
+8-bit grey, 255 inside (``"binary_mask_png"``). Several images give ``{"results":
+[...]}``. Progress is prompt batches done / total over the whole request;
+cancellation is checked between batches. Requests run one by one.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
-from mortred_twisted.models.classification.pretrained import (
-    load_processor,
-    quiet_transformers,
-    verified_directory,
-)
-from mortred_twisted.models.classification.weights import (
-    option,
-    resolve_device,
-)
+from mortred_twisted.models.classification.pretrained import verified_directory
 from mortred_twisted.models.codec import decode_image, png_base64
+from mortred_twisted.models.mortred_v1.common import task_instance
 from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
 from mortred_twisted.models.segment_anything.amg import (
     MAX_MASKS,
     AmgConfig,
     AutomaticMaskGenerator,
 )
+from mortred_twisted.models.segment_anything.masks import mask_to_rle, overlay
 from mortred_twisted.models.segment_anything.prompter import SamPrompter
+from mortred_twisted.models.transformers_tasks.mask_generation import (
+    OUTPUT_MODES,
+    MaskGenerator,
+    amg_config_from_options,
+)
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "SAM_AMG"
 DEFAULT_PRETRAINED = "weights/perception/sam_amg"
-OUTPUT_MODES = ("uncompressed_rle", "binary_mask_png")
-
-
-def mask_to_rle(mask: np.ndarray) -> dict[str, Any]:
-    """COCO uncompressed RLE of a boolean ``(H, W)`` mask (column-major runs)."""
-    h, w = mask.shape
-    flat = mask.T.reshape(-1).astype(np.int8)
-    change = np.flatnonzero(np.diff(flat)) + 1
-    bounds = np.concatenate([[0], change, [flat.size]])
-    counts = np.diff(bounds).tolist()
-    if flat.size and flat[0] == 1:
-        counts = [0, *counts]
-    return {"size": [int(h), int(w)], "counts": [int(c) for c in counts]}
-
-
-def rle_to_mask(rle: Mapping[str, Any]) -> np.ndarray:
-    """Inverse of :func:`mask_to_rle`."""
-    h, w = rle["size"]
-    flat = np.zeros(h * w, dtype=bool)
-    pos, value = 0, False
-    for count in rle["counts"]:
-        flat[pos : pos + count] = value
-        pos += count
-        value = not value
-    return flat.reshape(w, h).T
-
-
-PALETTE = np.array(
-    [
-        [230, 25, 75],
-        [60, 180, 75],
-        [255, 225, 25],
-        [0, 130, 200],
-        [245, 130, 48],
-        [145, 30, 180],
-        [70, 240, 240],
-        [240, 50, 230],
-        [210, 245, 60],
-        [250, 190, 212],
-    ],
-    dtype=np.float32,
-)
-
-
-def mask_boundary(mask: np.ndarray) -> np.ndarray:
-    """Pixels of ``mask`` with a 4-neighbour outside it (or on the picture's edge)."""
-    padded = np.pad(mask, 1, constant_values=False)
-    inner = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
-    return mask & ~inner
-
-
-def overlay(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.5) -> np.ndarray:
-    """The picture with each mask tinted a palette colour and outlined in it (largest
-    first, so small masks stay visible on top)."""
-    out = rgb.astype(np.float32).copy()
-    order = sorted(range(len(masks)), key=lambda i: -int(masks[i].sum()))
-    for rank, i in enumerate(order):
-        colour = PALETTE[rank % len(PALETTE)]
-        m = masks[i]
-        out[m] = (1 - alpha) * out[m] + alpha * colour
-        out[mask_boundary(m)] = colour
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
-
-
 _AMG_KEYS = {f.name for f in fields(AmgConfig)}
 
 
@@ -140,12 +64,12 @@ class SamAmgModel(ServedModel):
     config: AmgConfig
 
     def setup(self) -> None:
-        """Load the model; AMG defaults from the options.
+        """Check the options, verify the directory against its manifest and set the
+        task model up on it (its generator and AMG defaults serve this contract).
 
-        The model is a transformers ``SamModel`` directory named by ``pretrained``
-        (verified against its manifest; default ``weights/perception/sam_amg``; shared
-        by the workers of one process, read-only). Other options: ``device`` and the
-        generator's keys (see :class:`AmgConfig`). Raises :class:`ModelLoadError`.
+        Options: ``pretrained`` (default ``weights/perception/sam_amg``), ``device``
+        and the generator's keys (see :class:`AmgConfig`). Raises
+        :class:`ModelLoadError`.
         """
         options = self.options
         unknown = set(options) - _AMG_KEYS - {"pretrained", "device"}
@@ -154,11 +78,11 @@ class SamAmgModel(ServedModel):
                 f"unknown model option(s) {sorted(unknown)}; known: pretrained, device, "
                 + ", ".join(sorted(_AMG_KEYS))
             )
-        config = amg_config_from_options(options)
-        device = resolve_device(options.get("device", "cpu"))
+        amg_config_from_options(options)  # its errors before the directory's
         directory = verified_directory(options, self.root, DEFAULT_PRETRAINED, MODEL_TYPE)
-        self.generator = AutomaticMaskGenerator(load(directory, device))
-        self.config = config
+        task = task_instance(MaskGenerator, {**options, "pretrained": str(directory)}, self.root)
+        self.generator = task.generator
+        self.config = task.config
 
     @classmethod
     def around(cls, generator: AutomaticMaskGenerator, config: AmgConfig) -> SamAmgModel:
@@ -278,48 +202,6 @@ class SamAmgModel(ServedModel):
         if params.get("return_overlay"):
             data["overlay"] = png_base64(overlay(rgb, masks))
         return data
-
-
-def amg_config_from_options(options: Mapping[str, Any]) -> AmgConfig:
-    """The generator's defaults from the model config (C++ key names)."""
-    from mortred_twisted.sdk.loading import declaration_of
-    from mortred_twisted.sdk.seed_contract import param_specs
-
-    defaults = AmgConfig()
-    values: dict[str, Any] = {}
-    for f in fields(AmgConfig):
-        kind = type(getattr(defaults, f.name))
-        values[f.name] = option(options, f.name, getattr(defaults, f.name), kind)
-    config = AmgConfig(**values)
-    # The same ranges as the request params (a config must not allow what a request
-    # may not).
-    for spec in param_specs(declaration_of(SamAmgModel)):
-        if spec.name in _AMG_KEYS:
-            value = getattr(config, spec.name)
-            low = -math.inf if spec.minimum is None else spec.minimum
-            high = math.inf if spec.maximum is None else spec.maximum
-            if not low <= value <= high:
-                raise ModelLoadError(f"{spec.name} must lie in [{spec.minimum}, {spec.maximum}]")
-    return config
-
-
-_SHARED: dict[tuple[str, str], SamPrompter] = {}
-
-
-def load(directory: Path, device: torch.device) -> SamPrompter:
-    """The ``SamModel`` (eval mode, on ``device``) and processor of a verified directory
-    as a :class:`SamPrompter`; workers of one process share it."""
-    key = (str(directory), str(device))
-    if key not in _SHARED:
-        from transformers import SamModel
-
-        quiet_transformers()
-        try:
-            model = SamModel.from_pretrained(str(directory), local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"cannot load SamModel from {directory}: {exc}") from exc
-        _SHARED[key] = SamPrompter(model.eval().to(device), load_processor(directory), device)
-    return _SHARED[key]  # type: ignore[return-value]
 
 
 def create(options: Mapping[str, Any], root: Path) -> Model:
