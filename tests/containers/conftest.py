@@ -25,9 +25,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "containers: builds and runs the container image")
 
 
+#: modules of this folder that need no container tool (fast, not marked)
+_PURE = ("test_build_inputs.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/containers/" in str(item.fspath).replace("\\", "/"):
+        path = str(item.fspath).replace("\\", "/")
+        if "tests/containers/" in path and not path.endswith(_PURE):
             item.add_marker(pytest.mark.containers)
             item.add_marker(pytest.mark.slow)
 

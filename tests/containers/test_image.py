@@ -270,3 +270,31 @@ def _png() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (16, 16), (200, 30, 30)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def test_supervisor_entry_point_starts_no_model_and_help_lists_the_modes(
+    image: str, container_names: list[str]
+) -> None:
+    gw_port, api_port = free_port(), free_port()
+    _start(
+        container_names,
+        image,
+        "--read-only", "--tmpfs", "/tmp",
+        "-p", f"127.0.0.1:{gw_port}:8080", "-p", f"127.0.0.1:{api_port}:8787",
+        "-e", f"MORTRED_GATEWAY_AUTH_TOKEN={GW_TOKEN}", "-e", f"MORTRED_API_TOKEN={API_TOKEN}",
+        command=("supervisor",),
+    )  # fmt: skip
+    api = f"http://127.0.0.1:{api_port}"
+    wait_for("the published supervisor", lambda: answers(f"{api}/healthz"))
+
+    def states() -> dict[str, str] | None:
+        servers = http("GET", f"{api}/api/v1/status", token=API_TOKEN).json()["servers"]
+        found = {s["id"]: s["state"] for s in servers}
+        return found if found.get("gateway") == "running" else None
+
+    found = wait_for("the gateway to run", states)
+    assert {state for sid, state in found.items() if sid != "gateway"} == {"stopped"}
+    assert answers(f"http://127.0.0.1:{gw_port}/healthz")
+    usage = run(["podman", "run", "--rm", image, "help"]).stdout
+    for mode in ("serve", "supervisor", "gateway", "model --config FILE", "mortredctl"):
+        assert mode in usage
