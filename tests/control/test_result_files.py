@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,79 @@ def test_the_models_openapi_document_through_the_gateway(files_plane: ControlPla
     assert code == 202, body
     code, _h, _b, _t = files_plane.gw("GET", f"/v1/models/{MODEL}/openapi.json", token="")
     assert code == 401
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _slow_get(port: int, path: str, token: str, extra: str = "") -> tuple[socket.socket, bytes]:
+    """A client with a 4 KiB receive buffer: sends the GET, reads its head and stops
+    reading; (socket, the body bytes that came with the head)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+              f"{extra}\r\n".encode())  # fmt: skip
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = s.recv(4096)
+        assert more, data
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return s, head + b"\r\n\r\n" + rest
+
+
+def _finish(s: socket.socket, got: bytes) -> tuple[bytes, bytes]:
+    """Read the rest of the answer whose head (and first bytes) are ``got``."""
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))  # fmt: skip
+    parts = [body]
+    have = len(body)
+    while have < length:
+        more = s.recv(1 << 20)
+        assert more, (have, length)
+        parts.append(more)
+        have += len(more)
+    s.close()
+    return head, b"".join(parts)
+
+
+def test_slow_readers_of_a_large_file_hold_no_copy_of_it(files_plane: ControlPlane) -> None:
+    """Issue 37.1: ten clients that do not read an 8 MB file (six through the
+    gateway, one of them a range, four through the supervisor's relay) once each got
+    its answer's head: the gateway, the supervisor and the model hold a few chunks
+    each, not the file (before, the head went out only once the whole body was in
+    memory: +48 MB in the gateway, +32 MB in the supervisor); then each reads on and
+    gets every byte."""
+    size = 8_000_000
+    job, data = finished_job(files_plane, "alice", {"n": 1, "size": size})
+    note = data["notes"][0]
+    relay_url = f"/api/v1/jobs/{MODEL}/{job}/files/notes-0.txt"
+    st = files_plane.status()
+    pids = {"gateway": st["gateway"]["pid"], "model": st[MODEL]["pid"],
+            "supervisor": files_plane.process.pid}  # fmt: skip
+    # one whole download each way first: what the first answer allocates is no growth
+    assert len(gw(files_plane, "alice", "GET", note["url"])[2]) == size
+    assert len(files_plane.api("GET", relay_url, token=API_TOKEN)[2]) == size
+    before = {k: _rss_mib(p) for k, p in pids.items()}
+    readers = [_slow_get(files_plane.gw_port, note["url"], "alice-key") for _ in range(5)]
+    readers.append(_slow_get(files_plane.gw_port, note["url"], "alice-key",
+                             "Range: bytes=1000-\r\n"))  # fmt: skip
+    readers += [_slow_get(files_plane.api_port, relay_url, API_TOKEN) for _ in range(4)]
+    during = {k: _rss_mib(p) for k, p in pids.items()}
+    growth = {k: during[k] - before[k] for k in pids}
+    assert all(g < 16 for g in growth.values()), growth
+    whole = (b"note 0 " * size)[:size]
+    for i, (s, got) in enumerate(readers):
+        head, body = _finish(s, got)
+        if i == 5:
+            assert head.startswith(b"HTTP/1.1 206 ") and body == whole[1000:], head
+        else:
+            assert head.startswith(b"HTTP/1.1 200 ") and body == whole, head
+    assert hashlib.sha256(whole).hexdigest() == note["sha256"]

@@ -18,8 +18,10 @@ from twisted.internet import reactor, threads
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import settle
 from mortred_twisted.stores.result_files import (
+    CHUNK,
     BadFileName,
     DirectoryResultFiles,
+    FileChanged,
     ResultFileSweeper,
     check_name,
     ledger_states,
@@ -258,3 +260,36 @@ def test_the_upkeep_ticks_without_a_ttl_only_when_files_may_be_stored() -> None:
     assert interval(async_job_ttl=0) == RESULT_FILES_SWEEP_S
     assert interval(async_job_ttl=0, output_files="inline") is None
     assert interval(async_job_ttl=20_000) == 2.0
+
+
+def read_all(reader: Any) -> bytes:
+    parts = []
+    while chunk := reader.read(reader.chunk):
+        parts.append(chunk)
+    reader.close()
+    return b"".join(parts)
+
+
+def test_open_range_reads_a_chunk_at_a_time_from_the_handle_it_opened(
+    files: DirectoryResultFiles,
+) -> None:
+    """A streamed read takes ``chunk`` bytes per call, stops at the range's end, and
+    keeps reading the file it opened when another attempt replaces it (issue 37.1:
+    never a mix, never short); a file replaced before it is opened (another size)
+    is FileChanged (an OSError: the route's 503)."""
+    data = bytes(range(256)) * 4096  # 1 MiB: several chunks
+    files.put("job_1", "big.bin", data, "application/octet-stream")
+    found = files.lookup("job_1", "big.bin")
+    assert found is not None
+    reader = files.open_range(found, 0, len(data))
+    first = reader.read(reader.chunk)
+    assert len(first) == CHUNK < len(data)
+    files.put("job_1", "big.bin", b"y" * len(data), "application/octet-stream")
+    rest = read_all(reader)
+    assert first + rest == data
+    part = files.open_range(found, 1000, 17)
+    assert read_all(part) == b"y" * 17  # opened after the replacement: the new bytes
+    files.put("job_1", "big.bin", b"short", "application/octet-stream")
+    with pytest.raises(FileChanged):
+        files.open_range(found, 0, len(data))
+    assert issubclass(FileChanged, OSError)

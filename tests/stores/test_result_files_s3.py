@@ -24,7 +24,7 @@ import pytest_twisted
 from mortred_twisted.config.errors import ConfigErrors
 from mortred_twisted.config.server import build_server_config
 from mortred_twisted.jobs.states import JobState
-from mortred_twisted.stores.result_files import BadFileName, ResultFileSweeper
+from mortred_twisted.stores.result_files import BadFileName, FileChanged, ResultFileSweeper
 from mortred_twisted.stores.result_files_s3 import S3Error, parse_s3_url
 from mortred_twisted.stores.sigv4 import sign
 from tests.stores.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed, seaweed_server
@@ -115,6 +115,28 @@ def test_put_lookup_and_ranged_reads(s3: Seaweed, prefix: str) -> None:
     for name in ("../x", ".meta", "a/b", ""):
         with pytest.raises(BadFileName):
             store.put("job_1", name, b"x", "text/plain")
+    store.close()
+
+
+def test_a_streamed_read_takes_ranged_chunks_of_the_object_it_looked_up(
+    s3: Seaweed, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``open_range`` reads one ranged GET per chunk (never the whole object), and an
+    object replaced by another attempt mid-read raises FileChanged (the answer is
+    cut, never mixed: issue 37.1)."""
+    monkeypatch.setattr("mortred_twisted.stores.result_files_s3.S3_CHUNK", 1000)
+    store = s3.store(prefix)
+    data = bytes(range(256)) * 40
+    found = store.put("job_1", "out.bin", data, "application/x-test")
+    reader = store.open_range(found, 100, 2500)
+    assert reader.chunk == 1000
+    assert [len(reader.read(reader.chunk)) for _ in range(4)] == [1000, 1000, 500, 0]
+    reader = store.open_range(found, 0, len(data))
+    assert reader.read(reader.chunk) == data[:1000]
+    store.put("job_1", "out.bin", b"z" * len(data), "application/x-test")
+    with pytest.raises(FileChanged):
+        reader.read(reader.chunk)
+    reader.close()
     store.close()
 
 
