@@ -25,11 +25,10 @@ reactor thread (plain arithmetic on the request's params).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from mortred_twisted.model_api.base import InvalidRequest
-from mortred_twisted.models.diffusers_pipelines.sampling import Generated
+from mortred_twisted.models.diffusers_pipelines.sampling import Generated, TextPlan
 from mortred_twisted.models.diffusion.schedulers import NAMES
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
@@ -47,22 +46,6 @@ NUM_IMAGES = Input(1, ge=1, le=64, description="pictures per run (≤ max_num_im
 WIDTH = Input(None, ge=8, le=8192, description="pixels (a multiple the UNet takes)")
 HEIGHT = Input(None, ge=8, le=8192, description="pixels (a multiple the UNet takes)")
 PREVIEW = Input(0, ge=0, le=1000, description="a preview event every N steps (0: none)")
-
-
-@dataclass(frozen=True)
-class TextPlan:
-    """One prompt-conditioned run, from its normalised inputs and the defaults."""
-
-    prompt: str
-    negative_prompt: str
-    guidance_scale: float
-    steps: int
-    scheduler: str
-    seed: int
-    num_images: int
-    width: int
-    height: int
-    preview_every: int
 
 
 class _Diffusers(ServedModel):

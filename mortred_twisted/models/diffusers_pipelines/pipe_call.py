@@ -20,13 +20,12 @@ from mortred_twisted.models.diffusion import schedulers
 from mortred_twisted.sdk import Context
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.diffusers_pipelines.kinds import (
-        ClassConditional,
-        ImageToImage,
-        TextPlan,
-        TextToImage,
-        Unconditional,
-    )
+    from mortred_twisted.models.diffusers_pipelines.sampling import TextPlan
+
+#: The kind instance a run belongs to (``kinds.TextToImage``, ``ImageToImage``,
+#: ``ClassConditional``, ``Unconditional``): typed loosely so that this module, which
+#: ``kinds`` imports, does not import ``kinds`` back.
+Kind = Any
 
 
 def _callback(model: Any, ctx: Context, every: int) -> Any:
@@ -51,7 +50,7 @@ def _use_scheduler(pipe: Any, model: Any, name: str) -> None:
     pipe.scheduler = schedulers.make(name, model.scheduler_base)
 
 
-def text_to_image_xl(model: TextToImage, ctx: Context, plan: TextPlan) -> sampling.Generated:
+def text_to_image_xl(model: Kind, ctx: Context, plan: TextPlan) -> sampling.Generated:
     """SDXL through ``StableDiffusionXLPipeline.__call__`` (unbatched)."""
     pipe = model.xl_pipe
     _use_scheduler(pipe, model, plan.scheduler)
@@ -69,7 +68,7 @@ def text_to_image_xl(model: TextToImage, ctx: Context, plan: TextPlan) -> sampli
                               height=plan.height)  # fmt: skip
 
 
-def conditioned(model: ImageToImage, ctx: Context, kwargs: Mapping[str, Any]) -> sampling.Generated:
+def conditioned(model: Kind, ctx: Context, kwargs: Mapping[str, Any]) -> sampling.Generated:
     """Image-to-image or inpainting through diffusers' ``AutoPipelineFor…`` call."""
     model.check_inputs(kwargs)
     picture = kwargs["image"].to_pil("RGB")
@@ -108,9 +107,7 @@ def conditioned(model: ImageToImage, ctx: Context, kwargs: Mapping[str, Any]) ->
                               scheduler=name, width=width, height=height)  # fmt: skip
 
 
-def class_conditional(
-    model: ClassConditional, ctx: Context, kwargs: Mapping[str, Any]
-) -> sampling.Generated:
+def class_conditional(model: Kind, ctx: Context, kwargs: Mapping[str, Any]) -> sampling.Generated:
     """DiT: one picture per class id; guided runs pair each row with the "no label" id."""
     ids = list(kwargs["class_ids"])
     scale = model.guidance(kwargs.get("guidance_scale"))
@@ -145,9 +142,7 @@ def class_conditional(
                               scheduler=name, width=side, height=side)  # fmt: skip
 
 
-def unconditional(
-    model: Unconditional, ctx: Context, kwargs: Mapping[str, Any]
-) -> sampling.Generated:
+def unconditional(model: Kind, ctx: Context, kwargs: Mapping[str, Any]) -> sampling.Generated:
     """DDPM/DDIM pixel pipelines: ``num_images`` pictures from noise."""
     unet, device = model.shared.unet, model.device
     steps = kwargs.get("sample_steps") or model.opts.sample_steps

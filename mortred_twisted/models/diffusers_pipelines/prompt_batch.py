@@ -33,9 +33,9 @@ be cancelled from any thread. The networks are shared and only read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -44,7 +44,27 @@ from mortred_twisted.models.diffusers_pipelines import sampling
 from mortred_twisted.sdk import Context
 
 if TYPE_CHECKING:
-    from mortred_twisted.models.diffusers_pipelines.kinds import TextPlan, TextToImage
+    from mortred_twisted.models.diffusers_pipelines.sampling import TextPlan
+
+
+class TextModel(Protocol):
+    """What a :class:`PromptBatch` needs of the model whose runs it steps
+    (:class:`~mortred_twisted.models.diffusers_pipelines.kinds.TextToImage` is one):
+    the engine depends on this, not on the kind, so the kind may import the engine."""
+
+    device: Any
+    schedulers: Any  # .fresh(name, steps)
+    latent_channels: int
+    vae_scale: int
+    max_batch_images: int
+
+    def plan(self, kwargs: Mapping[str, Any]) -> TextPlan: ...
+
+    def encode_text(self, text: str) -> Any: ...
+
+    def unet_rows(self, x: Any, t: Any, emb: Any) -> Any: ...
+
+    def preview_images(self, latents: Any) -> list[Any]: ...
 
 
 class SamplingDiverged(ModelError):
@@ -75,7 +95,7 @@ class _Run:
 class PromptBatch:
     """The text-to-image runs of one instance (see the module docstring)."""
 
-    def __init__(self, model: TextToImage, max_rows: int) -> None:
+    def __init__(self, model: TextModel, max_rows: int) -> None:
         self._model = model
         self._max_rows = max(1, max_rows)
         self._runs: dict[int, _Run] = {}
@@ -237,7 +257,7 @@ class PromptBatch:
         )  # fmt: skip
 
 
-def run_alone(model: TextToImage, ctx: Context, kwargs: dict[str, Any]) -> sampling.Generated:
+def run_alone(model: TextModel, ctx: Context, kwargs: dict[str, Any]) -> sampling.Generated:
     """One run on the calling thread: a batch of one, to the end (raises its error)."""
     batch = PromptBatch(model, model.max_batch_images)
     batch.join(0, ctx, kwargs)

@@ -22,6 +22,22 @@ from mortred_twisted.models.diffusion import schedulers
 from mortred_twisted.sdk import Context, Image
 
 
+@dataclass(frozen=True)
+class TextPlan:
+    """One prompt-conditioned run, from its normalised inputs and the defaults."""
+
+    prompt: str
+    negative_prompt: str
+    guidance_scale: float
+    steps: int
+    scheduler: str
+    seed: int
+    num_images: int
+    width: int
+    height: int
+    preview_every: int
+
+
 @dataclass
 class Generated:
     """A run's answer: its pictures (PNG result files) and what made them."""

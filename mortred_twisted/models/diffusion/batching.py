@@ -41,9 +41,9 @@ only read.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -53,8 +53,35 @@ from mortred_twisted.models.diffusion import schedulers
 
 if TYPE_CHECKING:
     from mortred_twisted.models.diffusion.inputs import SamplingPlan
-    from mortred_twisted.models.diffusion.service import DiffusionModel
     from mortred_twisted.sdk import Context
+
+
+class Denoiser(Protocol):
+    """What a :class:`DenoiseBatch` needs of the model whose runs it steps
+    (:class:`~mortred_twisted.models.diffusion.service.DiffusionModel` is one): the
+    engine depends on this, not on the model, so the model may import the engine."""
+
+    device: torch.device
+    dtype: torch.dtype
+    pipe: Any  # .latent_shape
+    schedulers: Any  # .fresh(name, steps)
+
+    def plan(self, params: Mapping[str, Any]) -> SamplingPlan: ...
+
+    def row_labels(self, plan: SamplingPlan) -> tuple[torch.Tensor | None, bool]: ...
+
+    def denoise(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor: ...
+
+    def x0(
+        self, x: torch.Tensor, out: torch.Tensor, t: torch.Tensor, abar: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def decode_runs(self, latents: Sequence[torch.Tensor], max_rows: int) -> list[torch.Tensor]: ...
+
+    def result(
+        self, plan: SamplingPlan, steps: int, images: Any, snapshots: Any
+    ) -> dict[str, Any]: ...
+
 
 #: How many intermediate ``predicted_x0`` snapshots a run returns at most.
 MAX_X0_SNAPSHOTS = 8
@@ -108,11 +135,11 @@ class _Run:
 
 
 class DenoiseBatch:
-    """The runs of one :class:`DiffusionModel` instance (see the module docstring):
+    """The runs of one :class:`Denoiser` (a ``DiffusionModel``) instance (see the module docstring):
     ``join(key, ctx, params)``, ``step()``, ``abandon()`` and ``active`` as the SDK's
     step batching takes them (``params``: ``predict``'s keyword arguments)."""
 
-    def __init__(self, model: DiffusionModel, max_rows: int) -> None:
+    def __init__(self, model: Denoiser, max_rows: int) -> None:
         self._model = model
         self._max_rows = max(1, max_rows)
         self._runs: dict[int, _Run] = {}
@@ -376,7 +403,7 @@ class DenoiseBatch:
 
 
 def run_together(
-    model: DiffusionModel,
+    model: Denoiser,
     runs: list[Mapping[str, Any]],
     ctxs: list[Context],
     max_rows: int,
