@@ -34,19 +34,21 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.envelope import render_success
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.fair_share import caller_terms, check_priority, over_quota, queue_body
-from mortred_twisted.http.job_files import INLINE_APPLIED, inline_applied, prefers_inline
+from mortred_twisted.http.job_files import INLINE_APPLIED, prefers_inline
 from mortred_twisted.http.job_listing import JobListing
 from mortred_twisted.http.job_stream import JobEventStream
+from mortred_twisted.http.protocols.submission import RequestHead, Submission
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
-from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, fingerprint
-from mortred_twisted.jobs.states import CancelOutcome
+from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, submission_fingerprint
+from mortred_twisted.jobs.states import CancelOutcome, JobState
 from mortred_twisted.jobs.status import status_body
 from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import Admission, JobSnapshot, ResultLookup
 from mortred_twisted.jobs.webhooks import WebhookRejected, check_target, parse_events_filter
 from mortred_twisted.runtime.deadline import DeadlineExpired, within
 from mortred_twisted.runtime.model_runtime import Readiness
+from mortred_twisted.sdk.seed_contract import sdk_declaration
 
 PRINCIPAL_HEADER = b"X-Mortred-Principal"
 PRINCIPAL_SCOPE_HEADER = b"X-Mortred-Principal-Scope"
@@ -65,6 +67,15 @@ def parse_wait_timeout(raw: bytes | None) -> int:
     return min(int(text), WAIT_CAP_MS)
 
 
+def no_result_message(state: JobState) -> str:
+    """The 409 message of ``/result`` for a job in ``state`` (not ``done``): a
+    cancelled job says it was cancelled (it never will have a result); the others
+    name their state (docs/api.md)."""
+    if state is JobState.CANCELLED:
+        return "job was cancelled (state: cancelled): it has no result"
+    return f"job not finished (state: {state.value})"
+
+
 class JobRoutes:
     """The job routes of one model server (see the module docstring)."""
 
@@ -78,15 +89,18 @@ class JobRoutes:
 
     # -- who is asking ------------------------------------------------------------
 
-    def principal(self, request: IRequest) -> tuple[str, bool]:
-        """``(owner, sees_every_job)`` of this request (see the module docstring)."""
+    def principal(self, request: IRequest, head: RequestHead | None = None) -> tuple[str, bool]:
+        """``(owner, sees_every_job)`` of this request (see the module docstring);
+        ``head``: its :class:`RequestHead` when the caller holds it."""
         if self.checks.token is None:
             return "", True
-        raw = request.requestHeaders.getRawHeaders(PRINCIPAL_HEADER, [None])[0]
+        if head is None:
+            head = self.responder.head(request)
+        raw = head.principal
         if not raw:
             return "", True
         name = raw.decode("utf-8", "replace").strip()[:MAX_PRINCIPAL_LENGTH]
-        scope = request.requestHeaders.getRawHeaders(PRINCIPAL_SCOPE_HEADER, [b""])[0]
+        scope = head.principal_scope or b""
         return name, scope.strip().lower() == b"all"
 
     def visible(self, request: IRequest, snap: JobSnapshot | None) -> JobSnapshot | None:
@@ -109,10 +123,10 @@ class JobRoutes:
             self.runtime.store.snapshot(job_id), lambda s: self.visible(request, s) is not None
         )
 
-    def terms(self, request: IRequest) -> Any:
+    def terms(self, request: IRequest, head: RequestHead | None = None) -> Any:
         """The caller's :class:`~mortred_twisted.jobs.fair_queue.CallerTerms`
         (weight, own limit, highest priority; ``http/fair_share.py``)."""
-        raw = request.requestHeaders.getRawHeaders(PRINCIPAL_HEADER, [None])[0]
+        raw = (head or self.responder.head(request)).principal
         return caller_terms(request, trusted=self.checks.token is not None, has_principal=bool(raw))
 
     # -- queue --------------------------------------------------------------------
@@ -190,46 +204,70 @@ class JobRoutes:
     def _job_urls(self, job_id: str) -> dict[str, str]:
         return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
 
-    def submit_job(self, request: IRequest) -> bytes:
-        req_id = self.responder.request_id(request)
-        err = self.jobs_disabled() or self.checks.post_prechecks(request)
+    def submit_job(self, request: IRequest) -> Any:
+        """``POST /jobs``: the native door. Builds the :class:`Submission` and admits it."""
+        head = self.responder.head(request)  # every header of a submit, read once
+        req_id = self.responder.request_id(request, head)
+        err = self.jobs_disabled() or self.checks.post_prechecks(request, head)
         if err is not None:
             return self.responder.job_error(request, err, req_id)
-        rt = self.runtime
-        job_fields: dict[str, Any] = {}
         try:
-            key = check_key(self.responder.header(request, b"idempotency-key"))
-            valid, req_id = self.checks.parse_and_validate(request, job_fields)
-            prefer = self.responder.header(request, b"prefer")
-            if prefers_inline(prefer):
-                valid = replace(valid, inline_files=True)  # result files as base64
-            webhook = self._webhook_target(job_fields)
-            terms = self.terms(request)
-            priority = check_priority(job_fields, terms)
-            err = self.checks.rate_limited(request)
-            if err is not None:
-                raise err
+            submission = self.native_submission(request, head)
         except BadIdempotencyKey as exc:
             bad = ApiError(E.INVALID_REQUEST, str(exc), status=400)
             return self.responder.job_error(request, bad)
         except Exception as exc:
-            return self.responder.job_error(request, to_api_error(exc), req_id)
-        owner, _ = self.principal(request)
+            return self.responder.job_error(
+                request, to_api_error(exc), self.responder.request_id(request, head)
+            )
+        return self.admit(request, submission)
+
+    def native_submission(self, request: IRequest, head: RequestHead) -> Submission:
+        """The native API's :class:`Submission` (400 → 503 → 422 → 429 as
+        :class:`ApiError`, a bad key as :class:`BadIdempotencyKey`): the envelope,
+        parsed and validated, with what its head asks for, each header read once."""
+        key = check_key(head.idempotency_key)
+        job_fields: dict[str, Any] = {}
+        parsed = self.checks.parse(request, job_fields, head)
+        valid = self.checks.validate(parsed)
+        inline = prefers_inline(head.prefer)
+        if inline:
+            valid = replace(valid, inline_files=True)  # result files as base64
+        webhook = self._webhook_target(job_fields)
+        owner, _ = self.principal(request, head)
+        terms = self.terms(request, head)
+        priority = check_priority(job_fields, terms)
+        err = self.checks.rate_limited(request)
+        if err is not None:
+            raise err
         fp = ""
         if key is not None:
-            request.content.seek(0)
             # The preference is part of "the same request": a replay that reports
             # Preference-Applied had it at admission too.
-            inline = b"\nPrefer: return=inline" if valid.inline_files else b""
-            fp = fingerprint(request.content.read() + inline)
+            extras = {**job_fields, "inline": inline, "text_params": parsed.text_params}
+            fp = submission_fingerprint(parsed.images, parsed.params, extras)
+        return Submission(
+            self.config.id, valid, parsed.req_id, owner, key, fp, priority, terms, webhook,
+            inline,
+        )  # fmt: skip
+
+    def admit(self, request: IRequest, submission: Submission) -> Any:
+        """Admit ``submission`` and answer the native way (202 with the job, or the
+        refusal); the store's answer may be a Deferred."""
+        rt = self.runtime
         # A fair store places the job by the caller's terms and band (the Redis
         # store takes neither yet: its jobs start first in, first out).
-        fair = {"terms": terms, "priority": priority} if getattr(rt.store, "fair", False) else {}
+        fair = (
+            {"terms": submission.terms, "priority": submission.priority}
+            if getattr(rt.store, "fair", False)
+            else {}
+        )
+        req_id, owner = submission.request_id, submission.caller
         admitted = rt.store.admit(
-            valid, req_id, owner=owner, idempotency_key=key, fingerprint=fp, webhook=webhook,
-            **fair,
+            submission.inputs, req_id, owner=owner, idempotency_key=submission.idempotency_key,
+            fingerprint=submission.fingerprint, webhook=submission.webhook, **fair,
         )  # fmt: skip
-        applied = inline_applied(rt, prefer)
+        applied = submission.inline_files and sdk_declaration(rt.validator) is not None
         answer = then(admitted, lambda a: self._admitted(request, a, req_id, owner, applied))
         return self.responder.store_errors(request, answer, req_id)
 
@@ -391,9 +429,7 @@ class JobRoutes:
             return self.responder.lookup_error(request, job_id)  # unknown, or not its job
         if not lookup.done:
             assert lookup.state is not None
-            conflict = ApiError(
-                E.JOB_NOT_FINISHED, f"job not finished (state: {lookup.state.value})"
-            )
+            conflict = ApiError(E.JOB_NOT_FINISHED, no_result_message(lookup.state))
             return self.responder.job_error(request, conflict)
         return self.responder.respond(
             request, 200, render_success(lookup.task_id, lookup.result), lookup.task_id

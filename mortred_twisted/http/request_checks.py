@@ -27,6 +27,7 @@ from mortred_twisted.http.envelope import (
 )
 from mortred_twisted.http.errors import ApiError, to_api_error
 from mortred_twisted.http.multipart import is_multipart
+from mortred_twisted.http.protocols.submission import RequestHead
 from mortred_twisted.http.responder import Responder, is_json_content_type, json_bytes
 from mortred_twisted.http11.auth import (
     CLIENT_IP_HEADER,
@@ -36,6 +37,7 @@ from mortred_twisted.http11.auth import (
     token_matches,
 )
 from mortred_twisted.http11.ratelimit import RateLimiter
+from mortred_twisted.model_api.base import InferenceRequest
 from mortred_twisted.runtime.model_runtime import ModelRuntime
 
 #: ``ServerRequest.decided`` of a POST whose rate-limit token was taken from its head
@@ -93,12 +95,15 @@ class RequestChecks:
         message = "missing bearer token" if given is None else "invalid bearer token"
         return ApiError(E.UNAUTHORIZED, message, {"WWW-Authenticate": WWW_AUTHENTICATE})
 
-    def post_prechecks(self, request: IRequest) -> ApiError | None:
-        """401 → 415 → 413, from headers (the body limit was enforced while reading)."""
+    def post_prechecks(self, request: IRequest, head: RequestHead | None = None) -> ApiError | None:
+        """401 → 415 → 413, from headers (the body limit was enforced while reading);
+        ``head``: the request's :class:`RequestHead` when the caller holds it."""
         err = self.auth_error(request.requestHeaders)
         if err is not None:
             return err
-        if not self.body_type_accepted(self.responder.header(request, b"content-type")):
+        if head is None:
+            head = self.responder.head(request)
+        if not self.body_type_accepted(head.content_type):
             return self.unsupported_type()
         content = request.content
         size = content.seek(0, 2)
@@ -260,27 +265,45 @@ class RequestChecks:
     def parse_and_validate(self, request: IRequest, job_fields: dict[str, Any] | None = None):
         """400 → 503 → 422: parse the envelope and let the model validate params
         (job-only envelope fields go into ``job_fields`` when given)."""
-        req_id = self.responder.request_id(request)
-        rt = self.runtime
-        validator = rt.validator if rt.ready else None
-        content_type = self.responder.header(request, b"content-type")
+        parsed = self.parse(request, job_fields)
+        return self.validate(parsed), parsed.req_id
+
+    def parse(
+        self,
+        request: IRequest,
+        job_fields: dict[str, Any] | None = None,
+        head: RequestHead | None = None,
+    ) -> InferenceRequest:
+        """400: the envelope (JSON, or a multipart form) as an :class:`InferenceRequest`
+        whose params are not validated yet; job-only fields go into ``job_fields``.
+        From here every answer names the envelope's ``req_id``."""
+        if head is None:
+            head = self.responder.head(request)
+        req_id = self.responder.request_id(request, head)
+        content_type = head.content_type
         if content_type is not None and not is_json_content_type(content_type):
             parsed = parse_form_envelope(
                 request.content.read(), content_type.decode("latin-1"), req_id, job_fields
             )
         else:
+            rt = self.runtime
+            validator = rt.validator if rt.ready else None
             parsed = parse_envelope(
                 request.content.read(),
                 req_id,
                 job_fields,
                 images_required=not getattr(validator, "images_optional", validator is None),
             )
-        # From here every answer names the envelope's req_id (a validation error too).
         request.mortred_request_id = parsed.req_id  # type: ignore[attr-defined]
+        return parsed
+
+    def validate(self, parsed: InferenceRequest) -> InferenceRequest:
+        """503 (not ready) → 422: the model's validation of ``parsed``."""
+        rt = self.runtime
         if not rt.ready or rt.validator is None:
             raise self.not_ready()
         try:
-            return rt.validator.validate(parsed), parsed.req_id
+            return rt.validator.validate(parsed)
         except Exception as exc:
             raise to_api_error(exc) from exc
 

@@ -20,6 +20,7 @@ from mortred_twisted.http import errors as E
 from mortred_twisted.http.answers import REASONS, header_value
 from mortred_twisted.http.envelope import new_request_id, render_error
 from mortred_twisted.http.errors import ApiError
+from mortred_twisted.http.protocols.submission import RequestHead
 from mortred_twisted.jobs.store import Maybe, StoreUnavailable
 
 JSON_TYPE = b"application/json; charset=utf-8"
@@ -75,16 +76,30 @@ class Responder:
     def header(request: IRequest, name: bytes) -> bytes | None:
         return request.requestHeaders.getRawHeaders(name, [None])[0]
 
+    @staticmethod
+    def head(request: IRequest) -> RequestHead:
+        """The request's :class:`RequestHead`, read from its headers once and kept on
+        the request (every check and route of one request reads this one)."""
+        head: RequestHead | None = getattr(request, "mortred_head", None)
+        if head is None:
+            head = RequestHead.read(request.requestHeaders)
+            request.mortred_head = head  # type: ignore[attr-defined]
+        return head
+
     def request_id_header(self, request: IRequest) -> str | None:
+        """The client's ``X-Request-ID`` (cut to 256 characters), None if absent: this
+        one header (a poll reads no other; a submit reads its :meth:`head`)."""
         raw = request.requestHeaders.getRawHeaders(b"x-request-id", [None])[0]
         return raw.decode("utf-8", "replace")[:256] if raw else None
 
-    def request_id(self, request: IRequest) -> str:
+    def request_id(self, request: IRequest, head: RequestHead | None = None) -> str:
         """The request's ``X-Request-ID``, else a fresh ``req_…`` id (kept on the
-        request so every use in one answer agrees)."""
+        request so every use in one answer agrees); ``head``: its head when held."""
         rid = getattr(request, "mortred_request_id", None)
         if rid is None:
-            rid = self.request_id_header(request) or new_request_id()
+            rid = (
+                head.request_id if head is not None else self.request_id_header(request)
+            ) or new_request_id()
             request.mortred_request_id = rid  # type: ignore[attr-defined]
         return rid
 

@@ -12,6 +12,9 @@ key create one job.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 MAX_KEY_LENGTH = 255
 HEADER = "Idempotency-Key"
@@ -45,3 +48,38 @@ def check_key(raw: bytes | str | None) -> str | None:
 def fingerprint(body: bytes) -> str:
     """The body's identity for "same key, same request": sha256 of the exact bytes."""
     return hashlib.sha256(body).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` as plain JSON data: an upload (anything with ``data`` bytes) becomes
+    ``{"$sha256", "content_type", "filename"}``; mappings and sequences recurse."""
+    data = getattr(value, "data", None)
+    if isinstance(data, bytes | bytearray | memoryview):
+        return {
+            "$sha256": hashlib.sha256(data).hexdigest(),
+            "content_type": getattr(value, "content_type", None),
+            "filename": getattr(value, "filename", None),
+        }
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$sha256": hashlib.sha256(value).hexdigest()}
+    return value
+
+
+def submission_fingerprint(
+    images: Sequence[bytes], params: Mapping[str, Any], extras: Mapping[str, Any]
+) -> str:
+    """The parsed request's identity for "same key, same request" (module docstring):
+    sha256 of a canonical JSON (sorted keys) of its images' digests, its ``params``
+    (uploads by digest, type and file name) and ``extras`` (job fields, the answer's
+    form). Pure; the bytes are hashed once each, never copied."""
+    doc = {
+        "images": [hashlib.sha256(image).hexdigest() for image in images],
+        "params": _canonical(params),
+        "extras": _canonical(extras),
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

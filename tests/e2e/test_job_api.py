@@ -104,7 +104,9 @@ def test_cancel_pending_and_running_jobs(server: RunningServer) -> None:
     status, doc = server.json("DELETE", f"/jobs/{running}", headers=AUTH)
     assert status == 409 and doc["error"] == "job already finished (state: cancelled)"
     status, doc = get(server, f"/jobs/{pending}/result")
-    assert status == 409 and doc["error"] == "job not finished (state: cancelled)"
+    assert (
+        status == 409 and doc["error"] == "job was cancelled (state: cancelled): it has no result"
+    )
     assert server.json("DELETE", "/jobs/job_0123456789abcdef01234567", headers=AUTH)[0] == 404
     assert server.json("DELETE", f"/jobs/{pending}")[0] == 401  # no token
     _s, _h, text = server.request("GET", "/metrics")
