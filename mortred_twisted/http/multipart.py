@@ -8,8 +8,10 @@ holding a JSON object (merged under the fields) and the envelope's ``req_id``,
 makes a list (``images`` parts fill the seed envelope's images).
 
 The body has already passed the port's size limit (checked from the head); the parser
-bounds what it keeps: at most :data:`MAX_PARTS` parts, each head at most
-:data:`MAX_PART_HEAD` bytes. Problems raise
+bounds what it keeps and does, while it scans: at most :data:`MAX_PARTS` parts
+(refused at the first part beyond, never after splitting the whole body), each head
+at most :data:`MAX_PART_HEAD` bytes, each name at most :data:`MAX_NAME` characters;
+each part's content is copied once. Problems raise
 :class:`~mortred_twisted.http.errors.ApiError` (422, code 52) naming what is wrong.
 """
 
@@ -26,6 +28,8 @@ from mortred_twisted.sdk.validation import Upload
 MAX_PARTS = 256
 MAX_PART_HEAD = 8192
 MAX_BOUNDARY = 70  # RFC 2046
+#: longest part name (a field or an input's name)
+MAX_NAME = 200
 
 _PARAM = re.compile(r';\s*([A-Za-z0-9_*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;\s]*)')
 
@@ -72,27 +76,48 @@ class FormSubmit:
     files: dict[str, list[Upload]] = field(default_factory=dict)
 
 
-def parse_form(body: bytes, content_type: str) -> FormSubmit:
-    """Split ``body`` into its parts (see the module docstring)."""
-    delimiter = b"--" + boundary_of(content_type)
-    pieces = body.split(delimiter)
-    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
+def _part_spans(body: bytes, delimiter: bytes) -> list[tuple[int, int]]:
+    """Where each part lies in ``body`` (between two delimiters), found by scanning
+    (``bytes.find``, no copy): refused as soon as a part beyond :data:`MAX_PARTS`
+    shows, so a flood of tiny parts costs no more than :data:`MAX_PARTS` of them."""
+    first = body.find(delimiter)
+    if first < 0:
         raise _invalid("the body does not end with the closing boundary")
-    parts = pieces[1:-1]
-    if len(parts) > MAX_PARTS:
-        raise _invalid(f"at most {MAX_PARTS} parts")
+    step = len(delimiter)
+    spans: list[tuple[int, int]] = []
+    at = first + step
+    while (nxt := body.find(delimiter, at)) >= 0:
+        spans.append((at, nxt))
+        if len(spans) > MAX_PARTS:
+            raise _invalid(f"at most {MAX_PARTS} parts")
+        at = nxt + step
+    if not spans or not body.startswith(b"--", at):
+        raise _invalid("the body does not end with the closing boundary")
+    return spans
+
+
+def parse_form(body: bytes, content_type: str) -> FormSubmit:
+    """Split ``body`` into its parts (see the module docstring). Bounded while it
+    scans: the part count (:func:`_part_spans`) and each part's head (at most
+    :data:`MAX_PART_HEAD` bytes, and field names at most :data:`MAX_NAME`) are
+    checked before anything of the part is copied; each part's content is copied
+    once (together never more than the body)."""
+    delimiter = b"--" + boundary_of(content_type)
     out = FormSubmit()
-    for index, raw in enumerate(parts):
-        if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):
+    for index, (start, end) in enumerate(_part_spans(body, delimiter)):
+        if not body.startswith(b"\r\n", start) or end - start < 2 or body[end - 2 : end] != b"\r\n":
             raise _invalid(f"part {index}: not framed by CRLF")
-        head, sep, content = raw[2:-2].partition(b"\r\n\r\n")
-        if not sep:
-            if raw[2:-2].startswith(b"\r\n"):  # no headers at all
-                head, content = b"", raw[4:-2]
-            else:
-                raise _invalid(f"part {index}: no blank line after its headers")
-        if len(head) > MAX_PART_HEAD:
+        inner, stop = start + 2, max(start + 2, end - 2)
+        blank = body.find(b"\r\n\r\n", inner, stop)
+        if blank >= 0:
+            head_end, content_at = blank, blank + 4
+        elif body.startswith(b"\r\n", inner) and inner + 2 <= stop:  # no headers at all
+            head_end, content_at = inner, inner + 2
+        else:
+            raise _invalid(f"part {index}: no blank line after its headers")
+        if head_end - inner > MAX_PART_HEAD:
             raise _invalid(f"part {index}: headers over {MAX_PART_HEAD} bytes")
+        head = body[inner:head_end]
         headers: dict[str, str] = {}
         for line in head.split(b"\r\n") if head else ():
             name, colon, value = line.partition(b":")
@@ -101,10 +126,13 @@ def parse_form(body: bytes, content_type: str) -> FormSubmit:
             headers[name.strip().lower().decode("latin-1")] = value.strip().decode(
                 "utf-8", "replace"
             )
+        content = body[content_at:stop]
         disposition, params = header_params(headers.get("content-disposition", ""))
         if disposition != "form-data" or not params.get("name"):
             raise _invalid(f"part {index}: needs Content-Disposition: form-data; name=...")
         name = params["name"]
+        if len(name) > MAX_NAME:
+            raise _invalid(f"part {index}: a name over {MAX_NAME} characters")
         if "filename" in params or ("content-type" in headers and not _is_text(headers)):
             upload = Upload(
                 data=content,

@@ -90,3 +90,55 @@ def test_envelope_fields_are_refused_outside_a_job_submit() -> None:
     """webhook on the sync path is not a field it knows."""
     with pytest.raises(ApiError, match="job submit only"):
         parse_form_envelope(body(part("webhook", b"https://x")), CT)
+
+
+def test_a_flood_of_tiny_parts_is_refused_at_the_first_part_too_many() -> None:
+    """Issue 37.2: a 16 MiB body of ~1.4 million empty parts is refused once part
+    MAX_PARTS + 1 shows, without splitting the body (the old ``split`` made a bytes
+    object per part first: +200 MiB). The scan allocates next to nothing: under
+    1 MiB at its peak (tracemalloc), whatever the body's size."""
+    import tracemalloc
+
+    tiny = b"--XyZ\r\n\r\n\r\n"
+    raw = tiny * ((16 << 20) // len(tiny)) + b"--XyZ--\r\n"
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApiError, match=f"at most {MAX_PARTS} parts"):
+            parse_form(raw, CT)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+def test_a_part_copies_its_content_once_and_a_large_file_costs_its_size() -> None:
+    """A 16 MiB file part: the parse allocates about the content once (+ a little),
+    not the three copies of split, strip and partition."""
+    import tracemalloc
+
+    data = b"\x00\x01" * (8 << 20)
+    raw = body(part("image", data, "a.bin", "application/octet-stream"))
+    tracemalloc.start()
+    try:
+        form = parse_form(raw, CT)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert form.files["image"][0].data == data
+    assert peak < len(data) + (1 << 20), peak
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (body(part("n" * 201, b"x")), "a name over 200 characters"),
+        (b"--XyZ\r\nContent-Disposition: form-data; name=a\r\n" + b"X-Pad: " + b"p" * 9000
+         + b"\r\n\r\nv\r\n--XyZ--\r\n", "headers over 8192 bytes"),
+        (b"--XyZ" * (MAX_PARTS + 5), f"at most {MAX_PARTS} parts"),
+        (b"no delimiter at all", "closing boundary"),
+        (body(part("a", b"1"))[:-9], "closing boundary"),
+    ],
+)  # fmt: skip
+def test_names_heads_counts_and_framing_are_bounded(raw: bytes, message: str) -> None:
+    with pytest.raises(ApiError, match=message):
+        parse_form(raw, CT)
