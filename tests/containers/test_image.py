@@ -298,3 +298,40 @@ def test_supervisor_entry_point_starts_no_model_and_help_lists_the_modes(
     usage = run(["podman", "run", "--rm", image, "help"]).stdout
     for mode in ("serve", "supervisor", "gateway", "model --config FILE", "mortredctl"):
         assert mode in usage
+
+
+def test_control_plane_tokens_from_files(
+    image: str, container_names: list[str], tmp_path: Path
+) -> None:
+    """serve with MORTRED_GATEWAY_AUTH_TOKEN_FILE and MORTRED_API_TOKEN_FILE (as compose
+    and Kubernetes secrets hand them over): the gateway child and the API take them;
+    nothing is generated or printed."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "gateway").write_text("gw-from-file\n")
+    (secrets / "api").write_text("api-from-file\n")
+    for path in (secrets, *secrets.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    gw_port, api_port = free_port(), free_port()
+    name = _start(
+        container_names,
+        image,
+        "-t", "--read-only", "--tmpfs", "/tmp", "-v", f"{secrets}:/run/secrets:ro",
+        "-p", f"127.0.0.1:{gw_port}:8080", "-p", f"127.0.0.1:{api_port}:8787",
+        "-e", "MORTRED_GATEWAY_AUTH_TOKEN_FILE=/run/secrets/gateway",
+        "-e", "MORTRED_API_TOKEN_FILE=/run/secrets/api",
+        "-e", "MORTRED_AUTOSTART=FAKE_SYNC",
+    )  # fmt: skip
+    gateway = f"http://127.0.0.1:{gw_port}/v1/models/FAKE_SYNC/infer"
+    wait_for("the published gateway", lambda: answers(f"http://127.0.0.1:{gw_port}/healthz"))
+    wait_for(
+        "the model behind the gateway, with the file's token",
+        lambda: (
+            http("POST", gateway, token="gw-from-file", body={"images": ["aGk="]}).status == 200
+        ),
+    )
+    assert http("POST", gateway, body={"images": ["aGk="]}).status == 401
+    api = f"http://127.0.0.1:{api_port}/api/v1/status"
+    assert http("GET", api, token="api-from-file").status == 200
+    assert http("GET", api, token="gw-from-file").status == 401
+    assert "generated tokens" not in run(["podman", "logs", name]).stdout
