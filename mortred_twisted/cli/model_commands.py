@@ -125,7 +125,7 @@ def cmd_model_check(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_model_run(args: argparse.Namespace, out: TextIO) -> int:
     import sys
 
-    from mortred_twisted.model_api.base import InvalidRequest, ModelError
+    from mortred_twisted.model_api.base import InputDecodeError, InvalidRequest, ModelError
     from mortred_twisted.testing.harness import inputs_from_pairs
 
     try:
@@ -137,6 +137,8 @@ def cmd_model_run(args: argparse.Namespace, out: TextIO) -> int:
     with harness:
         if result.error is not None:
             error = result.error
+            if isinstance(error, InputDecodeError):  # the server's 400 (before InvalidRequest:
+                return _fail(f"invalid input: {error}", sys.stderr)  # UnreadableImage is both)
             if isinstance(error, InvalidRequest):  # the server's 422 message
                 return _fail(f"invalid request: {error}", sys.stderr)
             return _fail(f"{type(error).__name__}: {error}", sys.stderr)

@@ -96,6 +96,19 @@ def test_model_run_says_why_a_request_is_refused(capsys: Any) -> None:
     assert ctl("model", "run", "nowhere.py:Nope", "-i", "x=1")[0] == 1
 
 
+def test_model_run_names_an_unreadable_image_as_the_server_does(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Bytes that are no picture: exit 1 with the server's 400 wording ("invalid
+    input: params.image: not a readable image ..."), not the 422's "invalid request"."""
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"this is text, not a picture")
+    code, _ = ctl("model", "run", str(SHARPEN / "server.toml"), "-i", f"image=@{junk}")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "invalid input: params.image: not a readable image" in err, err
+
+
 def test_model_run_streams_events_and_cancels(capsys: Any) -> None:
     """--events prints each event; --cancel-at-step ends the run cancelled (exit 1)."""
     code, text = ctl("model", "run", "tests.testing.models:Frames", "-i", "n=2", "--events")
