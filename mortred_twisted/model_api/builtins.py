@@ -21,9 +21,7 @@ MODEL_FACTORIES: Mapping[str, str] = {
     "LDM": "mortred_twisted.models.diffusion.ldm:LdmModel",
     # MOBILENETV2 is the catalog id of the shipped digit classifier; it stays accepted
     # as a type and builds the same transformers image classifier.
-    "MOBILENETV2": (
-        "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
-    ),
+    "MOBILENETV2": ("mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"),
     "IMAGE_CLASSIFICATION": (
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
@@ -32,6 +30,23 @@ MODEL_FACTORIES: Mapping[str, str] = {
     "SAM_AMG": "mortred_twisted.models.mortred_v1.mask_generation:SamAmgModel",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
     "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",
+}
+
+_V1 = {"type": "transformers", "contract": "mortred-v1"}
+
+#: The legacy type names of the perception entries and the configuration each one
+#: stands for: ``type = "MOBILENETV2"`` builds what ``type = "transformers"``, ``task
+#: = "image-classification"``, ``contract = "mortred-v1"`` builds (the same
+#: ``mortred_v1`` adapter over the same task model; a test builds both). The names
+#: stay accepted so that existing server files still load; such an entry may not set
+#: ``task`` or ``contract`` itself (a load error says what to write instead).
+#: docs/configuration.md prints this table. (DDPM, DDIM, CLS_COND_DDIM and LDM are
+#: not aliases yet: their sampler is not the ``diffusers`` type's.)
+MODEL_ALIASES: Mapping[str, Mapping[str, str]] = {
+    "MOBILENETV2": {**_V1, "task": "image-classification"},
+    "IMAGE_CLASSIFICATION": {**_V1, "task": "image-classification"},
+    "OBJECT_DETECTION": {**_V1, "task": "object-detection"},
+    "SAM_AMG": {**_V1, "task": "mask-generation"},
 }
 
 #: Built-in types whose models are SDK models (named inputs, multipart forms).

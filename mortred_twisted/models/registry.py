@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.model_api.base import Model, ModelLoadError
-from mortred_twisted.model_api.builtins import MODEL_FACTORIES, SDK_TYPES
+from mortred_twisted.model_api.builtins import MODEL_ALIASES, MODEL_FACTORIES, SDK_TYPES
 from mortred_twisted.model_api.input_limits import split_input_limits, takes_input_limits
 
 
@@ -40,6 +40,7 @@ def create_model(model_type: str, options: Mapping[str, Any], root: Path) -> Mod
     if target is None:  # a user's model: module:Class, file.py:Class or an entry point
         return create_sdk_model(model_type, options, root)
     refuse_entry_point_clash(model_type)
+    refuse_alias_mix(model_type, options)
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -83,6 +84,27 @@ def refuse_entry_point_clash(model_type: str) -> None:
         )
 
 
+def alias_expansion(model_type: str) -> str:
+    """How the configuration a legacy type name stands for is written in a server
+    file's ``[model]`` (``type = "transformers"`` + ``task`` + ``contract``)."""
+    return ", ".join(f"{k} = {v!r}" for k, v in MODEL_ALIASES[model_type].items())
+
+
+def refuse_alias_mix(model_type: str, options: Mapping[str, Any]) -> None:
+    """A legacy type name (:data:`MODEL_ALIASES`) with keys of the configuration it
+    stands for (``task``, ``contract``) is a load error saying what to write."""
+    expansion = MODEL_ALIASES.get(model_type)
+    if expansion is None:
+        return
+    mixed = sorted(k for k in options if k in expansion and k != "type")
+    if mixed:
+        raise ModelLoadError(
+            f"type {model_type!r} is an alias of {alias_expansion(model_type)} and takes "
+            f"no {', '.join(mixed)} of its own: write those keys instead of "
+            f"type = {model_type!r}"
+        )
+
+
 def create_sdk_model(model_type: str, options: Mapping[str, Any], root: Path) -> Model:
     """A user's :class:`~mortred_twisted.sdk.ServedModel` built and set up (see
     :mod:`mortred_twisted.sdk.loading`); its input limits are the generic ones unless
@@ -98,8 +120,10 @@ def create_sdk_model(model_type: str, options: Mapping[str, Any], root: Path) ->
 
 
 __all__ = [
+    "MODEL_ALIASES",
     "MODEL_FACTORIES",
     "SDK_TYPES",
+    "alias_expansion",
     "create_model",
     "create_sdk_model",
     "known_model_types",
