@@ -56,6 +56,60 @@ _UNAVAILABLE = (
 #: Largest response head accepted (header fields), and most bytes read without
 #: progress (a head, chunk-size line or trailer in pieces).
 MAX_HEAD = 64 * 1024
+#: A request body over this many bytes is sent after its head, a piece at a time at
+#: the socket's pace (:class:`_BodySender`), never joined to its head: the bytes the
+#: client sent are then the only copy the process holds (a large multipart upload).
+LARGE_BODY = 256 * 1024
+#: Bytes of a large body handed to the transport at a time.
+BODY_PIECE = 64 * 1024
+#: A request as encoded: one buffer, or (head, body) for a large body.
+Encoded = bytes | tuple[bytes, bytes]
+
+
+class _BodySender:
+    """A large request body written to an upstream transport a piece at a time, as
+    its streaming producer: Twisted pauses it above its buffer's high-water mark and
+    resumes it once drained, so what Twisted holds is a piece or two, and the body
+    itself is never copied whole (reactor thread)."""
+
+    __slots__ = ("_at", "_paused", "_transport", "_view", "_write", "finished")
+
+    def __init__(self, transport: Any, write: Any, body: bytes) -> None:
+        self._transport = transport
+        self._write = write
+        self._view = memoryview(body)
+        self._at = 0
+        self._paused = False
+        self.finished = False
+
+    def start(self) -> None:
+        self._transport.registerProducer(self, True)
+        self.resumeProducing()
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        view = self._view
+        while not self._paused and not self.finished:
+            piece = view[self._at : self._at + BODY_PIECE]
+            if not len(piece):
+                self.stop()
+                return
+            self._at += len(piece)
+            self._write(bytes(piece))  # one piece's copy; may pause us at once
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def stopProducing(self) -> None:
+        """The transport is going away."""
+        self.finished = True
+
+    def stop(self) -> None:
+        """Done (or no longer wanted): write no more and let the transport go."""
+        if not self.finished:
+            self.finished = True
+            if self._transport.producer is self:
+                self._transport.unregisterProducer()
 
 
 class UpstreamProtocolError(Exception):
@@ -119,6 +173,7 @@ class UpstreamConnection(Protocol):
         self._on_idle = on_idle
         self._on_lost = on_lost
         self.exchange: _Exchange | None = None
+        self._sender: _BodySender | None = None
         self.reused = False
         self.lost = False
         self._writer: EagerWriter | None = None
@@ -142,11 +197,29 @@ class UpstreamConnection(Protocol):
 
     # -- sending ---------------------------------------------------------------------
 
-    def send(self, data: bytes, exchange: _Exchange) -> None:
+    def send(self, data: Encoded, exchange: _Exchange) -> None:
         self.exchange = exchange
         self._reset()
-        assert self._writer is not None
-        self._writer.write(data)
+        writer = self._writer
+        assert writer is not None
+        if type(data) is bytes:
+            writer.write(data)
+            return
+        head, body = data
+        writer.through_transport()  # the sender's pieces and ours stay in order
+        writer.write(head)
+        self._sender = _BodySender(self.transport, writer.write, body)
+        self._sender.start()
+
+    def _stop_sending(self) -> bool:
+        """Stop a large body still being sent; whether one was (the connection
+        cannot then be reused: the upstream answered before it read it all)."""
+        sender, self._sender = self._sender, None
+        if sender is None:
+            return False
+        unfinished = not sender.finished
+        sender.stop()
+        return unfinished
 
     def abort(self) -> None:
         """Drop the connection now (cancel, deadline): it never returns to the pool."""
@@ -240,6 +313,8 @@ class UpstreamConnection(Protocol):
         response = UpstreamResponse(self._code, RawHeaders(self._headers), body)
         self.exchange = None
         self._reset()  # an idle connection holds no response bytes
+        if self._stop_sending():
+            keep = False  # answered before its body was all sent: never reused
         if keep:
             self.reused = True
             self._on_idle(self)
@@ -257,6 +332,7 @@ class UpstreamConnection(Protocol):
 
     def connectionLost(self, reason: Failure = error.ConnectionDone) -> None:  # type: ignore[assignment]
         self.lost = True
+        self._stop_sending()
         self._on_lost(self)
         ex = self.exchange
         self.exchange = None
@@ -315,7 +391,7 @@ class _Call:
     )  # fmt: skip
 
     def __init__(
-        self, client: LeanUpstreamClient, key: tuple[str, int], data: bytes, method: str
+        self, client: LeanUpstreamClient, key: tuple[str, int], data: Encoded, method: str
     ) -> None:
         self._client = client
         self._head = method == "HEAD"
@@ -512,12 +588,15 @@ class LeanUpstreamClient:
 
     def _encode(
         self, method: str, url: str, headers: dict[bytes, list[bytes]], body: bytes | None
-    ) -> tuple[tuple[str, int], bytes]:
+    ) -> tuple[tuple[str, int], Encoded]:
         key, host, path = self._split(url)
         parts = [method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
         for name, values in headers.items():
             for value in values:
                 parts += (name, b": ", value, b"\r\n")
+        if body is not None and len(body) > LARGE_BODY:  # sent after its head, never joined
+            parts += (b"content-length: ", str(len(body)).encode("ascii"), b"\r\n\r\n")
+            return key, (b"".join(parts), body)
         if body is not None:
             parts += (b"content-length: ", str(len(body)).encode("ascii"), b"\r\n\r\n", body)
         elif method != "GET" and method != "HEAD":

@@ -42,6 +42,11 @@ class EagerWriter:
             self._on_backlog = None
             on_backlog()
 
+    def through_transport(self) -> None:
+        """From now on every write goes through ``transport.write`` (another writer,
+        a producer, writes to the transport too: bytes must never overtake)."""
+        self._socket = None
+
     def write(self, data: bytes) -> None:
         transport = self._transport
         sock = self._socket

@@ -354,13 +354,21 @@ def test_trailers_are_dropped() -> None:
     assert n.client.idle_count("127.0.0.1", 18100) == 1
 
 
-def test_large_body_is_one_write() -> None:
-    """Bodies of any size go with the head in one write (no Agent fallback)."""
+def test_large_body_follows_its_head_in_pieces_never_joined() -> None:
+    """A body over LARGE_BODY is encoded apart from its head (the caller's bytes
+    object itself, no copy) and sent after it in pieces; a small one goes with its
+    head in one write."""
     n = Net()
     body = b"x" * (1 << 20)
+    _key, encoded = n.client._encode("POST", "http://127.0.0.1:18100/jobs", {}, body)
+    assert type(encoded) is tuple and encoded[1] is body
+    assert encoded[0].endswith(b"content-length: %d\r\n\r\n" % len(body))
     n.client.request("POST", "http://127.0.0.1:18100/jobs", {}, body)
     _, transport = n.accept()
     assert transport.value().endswith(b"content-length: %d\r\n\r\n" % len(body) + body)
+    assert transport.producer is None  # the sender let go once done
+    _key, small = n.client._encode("POST", "http://127.0.0.1:18100/jobs", {}, b"x" * 1000)
+    assert type(small) is bytes and small.endswith(b"\r\n\r\n" + b"x" * 1000)
 
 
 def test_extra_bytes_after_body_are_502() -> None:
