@@ -86,4 +86,9 @@ echo "built $IMAGE:$VERSION ($IMAGE:latest) in $(( $(date +%s) - start )) s," \
 podman images --sort created --format '{{.Repository}}:{{.Tag}}' "$IMAGE" \
   | grep ":inputs-" | grep -v -x "localhost/$INPUTS_TAG" | tail -n +3 \
   | xargs -r podman rmi >/dev/null 2>&1 || true
+# and the build stages of older builds (this build's stay: they are the layer cache)
+for id in $(podman images -q --filter dangling=true --filter label=mortred.build-inputs); do
+  label=$(podman image inspect --format '{{index .Labels "mortred.build-inputs"}}' "$id" 2>/dev/null || true)
+  [ "$label" = "$HASH" ] || podman rmi "$id" >/dev/null 2>&1 || true
+done
 echo "image: $INPUTS_TAG"
