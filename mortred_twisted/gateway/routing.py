@@ -328,7 +328,7 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         path += "/events"
     elif m.kind is RouteKind.FILE:
         name = m.file or ""
-        if not _SAFE_FILE.match(name) or name in (".", ".."):
+        if not _SAFE_FILE.fullmatch(name) or name in (".", ".."):
             raise RouteError(404, f"file not found: {unquote(name)[:200]}")
         path += f"/files/{name}"
     return Route(m.kind, entry, path, job)

@@ -543,7 +543,8 @@ class GatewayApp:
                 body = public_openapi(body, entry.id, entry.server_uri, not self.policy.open)
             except NotADocument as e:
                 return self._error(request, 502, f"{entry.id}: openapi.json: {e}", kind.value)
-        request.setHeader(b"Content-Length", b"%d" % len(body))
+        if code != 304:  # a 304's may only be the 200's length: none (RFC 9110 8.6)
+            request.setHeader(b"Content-Length", b"%d" % len(body))
         self.metrics.hot.count(kind.value, str(code))
         return body
 

@@ -5,6 +5,11 @@ An SDK job whose output holds an ``Image``/``File`` keeps it as a result file
 "/jobs/<id>/files/<name>", "name", "content_type", "size", "sha256"}``. This route
 serves it:
 
+* ``Content-Security-Policy: sandbox`` and ``X-Content-Type-Options: nosniff`` on
+  every file answer, and ``Content-Disposition: attachment`` unless the type is an
+  image that holds no script, audio, video or plain data (:func:`inline_type`): a
+  model's file (its type may be copied from a caller's upload) never runs as a page
+  of the origin serving it (the supervisor's UI, through its relay);
 * ``Content-Type`` as stored, ``Content-Length``, ``ETag: "<sha256>"``,
   ``Accept-Ranges: bytes``, ``Cache-Control: private, max-age=<s>`` no longer than
   the job's remaining retention (``async_job_ttl`` after its end; ``no-cache`` when
@@ -74,6 +79,21 @@ def inline_applied(runtime: Any, prefer: bytes | None) -> bool:
     the model is declared with the SDK (the built-in models have no result files,
     so for them the preference changes nothing and is not reported applied)."""
     return prefers_inline(prefer) and sdk_declaration(runtime.validator) is not None
+
+
+#: types a browser may show inline (images that cannot hold script, audio, video,
+#: plain data); anything else is served as an attachment (a download, never a page)
+_INLINE = re.compile(
+    r"(image/(png|jpeg|gif|webp|avif|bmp)|audio/[a-z0-9.+-]+|video/[a-z0-9.+-]+"
+    r"|text/plain|application/json|application/octet-stream)",
+)
+
+
+def inline_type(content_type: str) -> bool:
+    """Whether a result file of ``content_type`` is served inline (no
+    ``Content-Disposition: attachment``)."""
+    main = content_type.split(";", 1)[0].strip().lower()
+    return _INLINE.fullmatch(main) is not None
 
 
 class Unsatisfiable(ValueError):
@@ -211,6 +231,9 @@ class JobFileRoutes:
         cache = f"private, max-age={max_age}" if max_age > 0 else "private, no-cache"
         set_header(b"Cache-Control", cache.encode("ascii"))
         set_header(b"X-Request-ID", header_value(rid or self.responder.request_id(request)))
+        # never a document of the origin it is served from (the supervisor's UI)
+        set_header(b"Content-Security-Policy", b"sandbox")
+        set_header(b"X-Content-Type-Options", b"nosniff")
         header = self.responder.header
         none_match = header(request, b"if-none-match")
         if none_match is not None and _etag_matches(none_match.decode("latin-1"), etag):
@@ -236,6 +259,8 @@ class JobFileRoutes:
             request.setResponseCode(200)
         set_header(b"Content-Type", header_value(found.content_type))
         set_header(b"Accept-Ranges", b"bytes")
+        if not inline_type(found.content_type):
+            set_header(b"Content-Disposition", b'attachment; filename="%s"' % name.encode("ascii"))
         set_header(b"Content-Length", b"%d" % length)
         if request.method == b"HEAD" or length == 0:
             return b""

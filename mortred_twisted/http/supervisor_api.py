@@ -70,8 +70,10 @@ _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}")
 #: a result file's request headers forwarded to the model, and answer headers back
 _FILE_REQUEST = (b"range", b"if-none-match", b"if-range")
+#: (the model's Content-Security-Policy, a sandbox, replaces the UI's on a file)
 _FILE_ANSWER = (b"content-type", b"etag", b"content-range", b"accept-ranges",
-                b"cache-control", b"x-request-id")  # fmt: skip
+                b"cache-control", b"x-request-id", b"content-disposition",
+                b"content-security-policy")  # fmt: skip
 _LIST_QUERY = (b"state", b"limit", b"cursor")
 #: A client's X-Request-ID is echoed only if it is a short visible-ASCII token.
 _REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")

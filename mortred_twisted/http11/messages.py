@@ -173,8 +173,9 @@ def encode_response(
     """Status line, headers and body of ``request``'s answer, as one buffer.
 
     ``Content-Length`` is the app's if it set one (a HEAD answer keeps the GET's),
-    else ``len(body)``; ``Date``, ``Server`` and ``Connection`` are the server's, and
-    ``X-Content-Type-Options: nosniff`` unless the app set it."""
+    else ``len(body)`` (none on a 304 or 204); ``Date``, ``Server`` and
+    ``Connection`` are the server's, and ``X-Content-Type-Options: nosniff`` unless
+    the app set it."""
     code = request.code
     parts = [b"HTTP/1.1 %d %s\r\n" % (code, _REASONS.get(code, b"Unknown"))]
     items = request.responseHeaders._items
@@ -183,7 +184,8 @@ def encode_response(
             continue
         for value in values:
             parts += (name, b": ", value, b"\r\n")
-    if b"content-length" not in items:
+    if b"content-length" not in items and code != 304 and code != 204:
+        # (RFC 9110 8.6: a 304's may only be the 200's length, a 204 has none)
         parts.append(b"Content-Length: %d\r\n" % len(body))
     if b"x-content-type-options" not in items:
         parts.append(NOSNIFF)

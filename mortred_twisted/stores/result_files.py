@@ -58,7 +58,7 @@ from mortred_twisted.jobs.store import Maybe, settle
 log = Logger()
 
 MAX_NAME = 200
-_SAFE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+_SAFE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # fullmatch: no "\n" before $
 _META = ".meta"
 #: locks that keep a put's bytes and sidecar together (striped by name)
 _PUT_LOCKS = 32
@@ -79,7 +79,7 @@ def check_name(name: str, what: str = "file name") -> str:
         not isinstance(name, str)
         or not name
         or len(name) > MAX_NAME
-        or not _SAFE.match(name)
+        or not _SAFE.fullmatch(name)
         or name in (".", "..")
     ):
         raise BadFileName(f"invalid {what}: {name!r}")
@@ -261,7 +261,7 @@ class DirectoryResultFiles:
     def job_ids(self, after: str = "", limit: int = SWEEP_BATCH) -> list[str]:
         """Up to ``limit`` job ids with files, in name order, after ``after``."""
         try:
-            names = sorted(e for e in os.listdir(self.root) if e > after and _SAFE.match(e))
+            names = sorted(e for e in os.listdir(self.root) if e > after and _SAFE.fullmatch(e))
         except FileNotFoundError:
             return []
         return names[:limit]

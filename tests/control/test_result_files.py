@@ -149,6 +149,17 @@ def test_files_through_the_supervisors_relay(files_plane: ControlPlane) -> None:
                                              headers={"Range": "bytes=-4"})  # fmt: skip
     assert code == 206 and body == (b"note 0 " * 20)[16:20]
     assert headers["etag"] == f'"{data["notes"][0]["sha256"]}"'
+    # a file is never a page of the UI's origin: the model's sandbox replaces the
+    # UI's policy (issue 37.4); a 304 has no Content-Length (RFC 9110 8.6)
+    assert headers["content-security-policy"] == "sandbox"
+    assert headers["x-content-type-options"] == "nosniff"
+    etag = {"If-None-Match": headers["etag"]}
+    code, headers, body, _ = files_plane.api("GET", url, token=API_TOKEN, headers=etag)
+    assert (code, body) == (304, b"") and "content-length" not in headers
+    code, headers, body = gw(files_plane, "alice", "GET", url.replace(
+        f"/api/v1/jobs/{MODEL}/", f"{JOBS}/"), headers=etag)  # fmt: skip
+    assert (code, body) == (304, b"") and "content-length" not in headers
+    assert headers["content-security-policy"] == "sandbox"
 
 
 def test_mortredctl_writes_a_jobs_files(files_plane: ControlPlane, tmp_path: Path) -> None:

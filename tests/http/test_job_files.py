@@ -384,3 +384,50 @@ def test_a_store_that_fails_is_a_503_not_a_half_answer(
     assert json.loads(body)["code"] == 65 and header(headers, "Retry-After") == "1"
     assert header(headers, "ETag") is None and header(headers, "Content-Range") is None
     assert header(headers, "Content-Type").startswith("application/json")
+
+
+def test_a_file_never_runs_as_a_page_and_a_304_has_no_length(served: Any) -> None:
+    """Issue 37.4: every file answer is sandboxed (CSP ``sandbox``) and ``nosniff``;
+    an HTML or script file (a type a model may copy from an upload) is an
+    attachment, a PNG or plain text is inline; a 304 carries no Content-Length
+    (RFC 9110 8.6: only the 200's would be allowed)."""
+    app, clock, threads, stub = served
+    job, data = run_job(app, clock, threads, stub, {"n": 1, "size": 10})
+    store = app.runtime.result_files
+    store.put(job, "page.html", b"<script>alert(localStorage)</script>", "text/html")
+    store.put(job, "app.js", b"alert(1)", "text/javascript; charset=utf-8")
+    store.put(job, "pic.svg", b"<svg onload='alert(1)'/>", "image/svg+xml")
+    expected = {
+        "page.html": 'attachment; filename="page.html"',
+        "app.js": 'attachment; filename="app.js"',
+        "pic.svg": 'attachment; filename="pic.svg"',
+        "picture.png": None,
+        "notes-0.txt": None,
+    }
+    for name, disposition in expected.items():
+        code, headers, _b = call(stub, "GET", f"/jobs/{job}/files/{name}")
+        assert code == 200, name
+        assert header(headers, "Content-Security-Policy") == "sandbox", name
+        assert header(headers, "X-Content-Type-Options") == "nosniff", name
+        assert header(headers, "Content-Disposition") == disposition, name
+    etag = f'"{data["picture"]["sha256"]}"'
+    code, headers, body = call(
+        stub, "GET", f"/jobs/{job}/files/picture.png", headers={"If-None-Match": etag}
+    )
+    assert (code, body) == (304, b"") and header(headers, "Content-Length") is None
+
+
+@pytest.mark.parametrize("name", ["picture.png\n", "picture.png\r", "picture.png\r\n"])
+def test_a_name_with_a_trailing_newline_is_not_a_file(served: Any, name: str) -> None:
+    """Issue 37.4: ``check_name`` matched ``$`` before a final newline (the URL
+    carries it percent-encoded)."""
+    from urllib.parse import quote
+
+    from mortred_twisted.stores.result_files import BadFileName, check_name
+
+    app, clock, threads, stub = served
+    job, _data = run_job(app, clock, threads, stub, {"n": 1})
+    with pytest.raises(BadFileName):
+        check_name(name)
+    code, _h, _b = call(stub, "GET", f"/jobs/{job}/files/{quote(name)}")
+    assert code == 404
