@@ -71,6 +71,8 @@ setup(
             "hypothesis>=6.100",
             "scikit-learn>=1.4",
             "ruff>=0.6",
+            # the real clients of the protocol doors (tests/protocols, docs/protocols.md)
+            "openai==3.63.0",
             # + requirements/s3-test.txt (the S3 server of the result-file tests,
             # pinned by hash, which an extra cannot do; `make install` installs it)
         ],

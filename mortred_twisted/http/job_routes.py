@@ -24,6 +24,7 @@ Thread contract: reactor thread only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -176,7 +177,6 @@ class JobRoutes:
         snap: JobSnapshot | None,
         rid: str | None,
     ) -> bytes:
-        rt = self.runtime
         if outcome is CancelOutcome.UNKNOWN or snap is None:
             return self.responder.lookup_error(request, job_id)
         if outcome is CancelOutcome.FINISHED:
@@ -184,15 +184,24 @@ class JobRoutes:
                 E.JOB_NOT_FINISHED, f"job already finished (state: {snap.state.value})"
             )
             return self.responder.job_error(request, conflict, rid)
+        self.cancel_effects(job_id, outcome)
+        if outcome is CancelOutcome.CANCELLED:
+            return self.responder.respond(request, 200, status_body(snap), rid)
+        return self.responder.respond(request, 202, status_body(snap), rid)
+
+    def cancel_effects(self, job_id: str, outcome: CancelOutcome) -> None:
+        """What an accepted cancel does beyond the store (any door): the runner stops
+        a running job; a pending job that ended here is counted and its waiters woken
+        (what the runner's terminal step does)."""
+        if outcome is CancelOutcome.UNKNOWN or outcome is CancelOutcome.FINISHED:
+            return
+        rt = self.runtime
         if rt.runner is not None:
             rt.runner.cancel(job_id)
         if outcome is CancelOutcome.CANCELLED:
-            # A pending job ended here: what the runner's terminal step does.
             rt.metrics.job_events["cancelled"].inc()
             rt.counters.count_by_name(job_id, None)
             rt.events.ended(job_id)
-            return self.responder.respond(request, 200, status_body(snap), rid)
-        return self.responder.respond(request, 202, status_body(snap), rid)
 
     # -- submit, status, wait, result ----------------------------------------------
 
@@ -251,9 +260,15 @@ class JobRoutes:
             inline,
         )  # fmt: skip
 
-    def admit(self, request: IRequest, submission: Submission) -> Any:
+    def admit(
+        self,
+        request: IRequest,
+        submission: Submission,
+        answer: Callable[[Admission], Any] | None = None,
+    ) -> Any:
         """Admit ``submission`` and answer the native way (202 with the job, or the
-        refusal); the store's answer may be a Deferred."""
+        refusal), or with ``answer`` (another door: it calls :meth:`begin`); the
+        store's answer may be a Deferred."""
         rt = self.runtime
         # A fair store places the job by the caller's terms and band (the Redis
         # store takes neither yet: its jobs start first in, first out).
@@ -267,9 +282,11 @@ class JobRoutes:
             submission.inputs, req_id, owner=owner, idempotency_key=submission.idempotency_key,
             fingerprint=submission.fingerprint, webhook=submission.webhook, **fair,
         )  # fmt: skip
+        if answer is not None:
+            return then(admitted, answer)
         applied = submission.inline_files and sdk_declaration(rt.validator) is not None
-        answer = then(admitted, lambda a: self._admitted(request, a, req_id, owner, applied))
-        return self.responder.store_errors(request, answer, req_id)
+        answered = then(admitted, lambda a: self._admitted(request, a, req_id, owner, applied))
+        return self.responder.store_errors(request, answered, req_id)
 
     def _webhook_target(self, fields: dict[str, Any]) -> tuple[str, frozenset[str]] | None:
         """The submitted ``webhook`` and its events, checked against the allowlist."""
@@ -288,46 +305,54 @@ class JobRoutes:
         self, request: IRequest, admission: Admission, req_id: str, owner: str = "",
         inline_applied: bool = False,
     ) -> bytes:  # fmt: skip
+        refused = self.begin(admission, owner)
+        if refused is not None:
+            return self.responder.job_error(request, refused, req_id)
+        job_id = admission.job_id
+        assert job_id is not None
+        headers = {"Location": f"/jobs/{job_id}"}
+        if inline_applied:
+            headers[INLINE_APPLIED[0]] = INLINE_APPLIED[1]
+        if admission.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}
+        return self.responder.respond(request, 202, json_bytes(body), req_id, headers)
+
+    def begin(self, admission: Admission, owner: str) -> ApiError | None:
+        """What every door does with the store's answer: a refusal as its
+        :class:`ApiError` (an idempotency conflict 422, the caller's own limit or a
+        full queue 429), else None with a new job counted and started (a replay
+        starts nothing)."""
         rt = self.runtime
         job_id = admission.job_id
         if admission.conflict:
-            conflict = ApiError(
-                E.INVALID_REQUEST,
-                "Idempotency-Key: already used for a different request body",
+            return ApiError(
+                E.INVALID_REQUEST, "Idempotency-Key: already used for a different request body"
             )
-            return self.responder.job_error(request, conflict, req_id)
         if job_id is None and admission.over_quota:
             rt.metrics.async_rejected.inc()
             active_of = getattr(rt.store, "active_of", None)  # the Redis store: no read
             pending, running, callers = (
                 active_of(owner) if active_of is not None else (admission.limit, 0, 1)
             )
-            refused = over_quota(
+            return over_quota(
                 owner, admission.limit, pending, running, callers, rt.mean_run_s("async")
             )
-            return self.responder.job_error(request, refused, req_id)
         if job_id is None:
             rt.metrics.async_rejected.inc()
-            full = ApiError(
+            return ApiError(
                 E.TOO_MANY_REQUESTS,
                 f"async queue full (max {rt.store.max_queue})",
                 {"Retry-After": rt.retry_after("async")},
             )
-            return self.responder.job_error(request, full, req_id)
-        headers = {"Location": f"/jobs/{job_id}"}
-        if inline_applied:
-            headers[INLINE_APPLIED[0]] = INLINE_APPLIED[1]
-        if admission.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        else:
+        if not admission.replayed:
             rt.metrics.job_events["submitted"].inc()
             assert rt.runner is not None
             if rt.store.pull:
                 rt.runner.kick()  # a free worker here takes it (or another replica's)
             else:
                 rt.runner.start(job_id)
-        body = {"job_id": job_id, "state": "pending", **self._job_urls(job_id)}
-        return self.responder.respond(request, 202, json_bytes(body), req_id, headers)
+        return None
 
     @staticmethod
     def _status_body(snap: JobSnapshot) -> bytes:

@@ -41,6 +41,7 @@ from mortred_twisted.http.hot_routes import HOT_LABELS, HotRoutes
 from mortred_twisted.http.job_files import INLINE_APPLIED, JobFileRoutes, inline_applied
 from mortred_twisted.http.job_routes import JobRoutes
 from mortred_twisted.http.openapi import build_openapi
+from mortred_twisted.http.protocols.openai_routes import OpenAIImagesRoutes
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
 from mortred_twisted.http11.ratelimit import RateLimiter
@@ -104,6 +105,10 @@ class ModelServerApp:
         add("/jobs/<job_id>/events", ("GET",), "jobs_events", jobs.events.job_events)
         add("/jobs/<job_id>/files/<name>", ("GET",), "jobs_file", self.files.job_file)
         add("/queue", ("GET",), "queue", jobs.queue)
+        # Front doors onto the same jobs (docs/protocols.md)
+        self.openai = OpenAIImagesRoutes(jobs)
+        add("/v1/images/generations", ("POST",), "openai_images", self.openai.generations)
+        add("/v1/models", ("GET",), "openai_models", self.openai.models)
         self.checks.known_route = self.hot_routes().serves
         self.app.handle_errors(MethodNotAllowed)(self.checks.method_not_allowed)
         self.app.handle_errors(NotFound)(self.checks.not_found)

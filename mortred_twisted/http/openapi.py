@@ -248,6 +248,27 @@ def build_openapi(
             }
         },
     }
+    openai_error = {"type": "object", "properties": {"error": {"type": "object"}}}
+    paths["/v1/images/generations"] = {
+        "post": {
+            "summary": "OpenAI images API (docs/protocols.md): prompt, n, size WxH, "
+            "response_format b64_json|url, the model's own inputs; Prefer: respond-async "
+            "gives the 202 job",
+            "security": security,
+            "responses": {
+                "200": _json({"type": "object"}, '{"created", "data": [...]}'),
+                "202": _json({"type": "object"}, "job admitted (Prefer: respond-async)"),
+                "400": _json(openai_error, "invalid_request_error naming the param"),
+            },
+        }
+    }
+    paths["/v1/models"] = {
+        "get": {
+            "summary": "OpenAI models list: this port's model",
+            "security": security,
+            "responses": {"200": _json({"type": "object"}, "the list")},
+        }
+    }
     param_props = {p.name: p.json_schema() for p in params}
     document: dict[str, Any] = {
         "openapi": "3.0.3",

@@ -219,7 +219,11 @@ class RequestChecks:
         is_job_route = route_path == "/jobs" or route_path.startswith("/jobs/")
         rid_raw = headers.getRawHeaders(b"x-request-id", [b""])[0]
         req_id = rid_raw.decode("utf-8", "replace")[:256] or new_request_id()
-        if is_job_route or err.code == E.NOT_FOUND:
+        if route_path.startswith("/v1/"):  # the OpenAI door: its error object
+            from mortred_twisted.http.protocols.openai_routes import openai_error
+
+            body = json_bytes(openai_error(err).body())
+        elif is_job_route or err.code == E.NOT_FOUND:
             body = json_bytes({"error": err.message, "code": err.code})
         else:
             body = render_error(req_id, err.code, err.message)

@@ -1,0 +1,83 @@
+"""The OpenAI images mapping, pure (issue 35 item 2): what each field becomes and
+what is refused, naming OpenAI's param."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mortred_twisted.http.protocols.openai_images import (
+    OpenAIError,
+    images_answer,
+    param_of,
+    parse_generations,
+)
+
+
+def test_fields_map_onto_the_models_inputs() -> None:
+    ask = parse_generations(
+        {"model": "M", "prompt": "p", "n": 3, "size": "64x32", "response_format": "url",
+         "user": "u-1", "seed": 5, "guidance_scale": 2.5},
+        "M",
+    )  # fmt: skip
+    assert ask.params == {
+        "prompt": "p", "num_images": 3, "width": 64, "height": 32, "seed": 5,
+        "guidance_scale": 2.5,
+    }  # fmt: skip
+    assert ask.response_format == "url"
+    default = parse_generations({"prompt": "p"}, "M")  # model defaults to the port's
+    assert default.params == {"prompt": "p", "num_images": 1}
+    assert default.response_format == "b64_json"
+    assert parse_generations({"prompt": "p", "size": "auto"}, "M").params.get("width") is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "param"),
+    [
+        ([1], 400, None),
+        ({"prompt": "p", "model": 5}, 400, "model"),
+        ({"prompt": "p", "model": "OTHER"}, 404, "model"),
+        ({}, 400, "prompt"),
+        ({"prompt": "   "}, 400, "prompt"),
+        ({"prompt": "x" * 32_001}, 400, "prompt"),
+        ({"prompt": "p", "n": "2"}, 400, "n"),
+        ({"prompt": "p", "n": True}, 400, "n"),
+        ({"prompt": "p", "n": -1}, 400, "n"),
+        ({"prompt": "p", "size": "123456x2"}, 400, "size"),
+        ({"prompt": "p", "size": "0x32"}, 400, "size"),
+        ({"prompt": "p", "size": "32X32"}, 400, "size"),
+        ({"prompt": "p", "size": " 32x32"}, 400, "size"),
+        ({"prompt": "p", "size": 32}, 400, "size"),
+        ({"prompt": "p", "response_format": "png"}, 400, "response_format"),
+        ({"prompt": "p", "user": "u" * 257}, 400, "user"),
+        ({"prompt": "p", "user": 7}, 400, "user"),
+        ({"prompt": "p", "style": "vivid"}, 400, "style"),
+        ({"prompt": "p", "stream": True}, 400, "stream"),
+        ({"prompt": "p", "width": 32}, 400, "width"),
+    ],
+)
+def test_refusals_name_the_param(doc: Any, status: int, param: str | None) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        parse_generations(doc, "M")
+    err = caught.value
+    assert (err.status, err.param) == (status, param)
+    assert err.body()["error"]["param"] == param and err.body()["error"]["message"]
+
+
+def test_validation_fields_become_openai_params() -> None:
+    assert param_of("params.num_images") == "n"
+    assert param_of("params.width") == "size" and param_of("params.height") == "size"
+    assert param_of("params.seed") == "seed" and param_of("params.prompt") == "prompt"
+
+
+def test_the_answer_shape() -> None:
+    data = {"images": [{"base64": "QUJD", "url": None}, {"base64": "REVG"}]}
+    assert images_answer(data, "b64_json", "")["data"] == [{"b64_json": "QUJD"},
+                                                           {"b64_json": "REVG"}]  # fmt: skip
+    files = {"images": [{"url": "/jobs/job_1/files/a.png"}]}
+    answer = images_answer(files, "url", "http://h:1")
+    assert answer["data"] == [{"url": "http://h:1/jobs/job_1/files/a.png"}]
+    assert isinstance(answer["created"], int)
+    inline = {"images": [{"base64": "QUJD", "content_type": "image/png"}]}
+    assert images_answer(inline, "url", "")["data"] == [{"url": "data:image/png;base64,QUJD"}]
