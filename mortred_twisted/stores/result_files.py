@@ -14,9 +14,11 @@ without a sidecar is not served (a write cut by a crash is invisible), and a rea
 never sees half a file. Concurrent puts of one name end with one of them, whole.
 
 Who uses which root: the memory job store a private temporary directory per process
-(removed at shutdown: its jobs die with the process); the Redis store a directory
-every replica of the model id reaches (``result_files_dir``, default
-``<root>/var/results/<model id>``), never bytes inside Redis. A ``result_files_dir``
+(removed at shutdown: its jobs die with the process; one left by a process killed
+or crashed is reclaimed by the next server on the host,
+:func:`reclaim_private_roots`); the Redis store a directory every replica of the
+model id reaches (``result_files_dir``, default ``<root>/var/results/<model id>``),
+never bytes inside Redis. A ``result_files_dir``
 of ``s3://<bucket>/<prefix>`` puts them in an S3-compatible object store instead
 (``result_files_s3.py``: the same interface, :class:`ResultFiles`).
 
@@ -44,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -173,9 +176,15 @@ class DirectoryResultFiles:
         self._locks = tuple(threading.Lock() for _ in range(_PUT_LOCKS))
 
     @classmethod
-    def private(cls) -> DirectoryResultFiles:
-        """A fresh temporary root of this process (the memory store's default)."""
-        return cls(tempfile.mkdtemp(prefix="mortred-results-"), owned=True)
+    def private(cls, parent: str | None = None) -> DirectoryResultFiles:
+        """A fresh temporary root of this process (the memory store's default), in
+        ``parent`` (the system's temporary directory). The roots that processes
+        which died uncleanly (SIGKILL, a crash: :meth:`close` never ran) left there
+        are reclaimed first (:func:`reclaim_private_roots`)."""
+        parent = parent or tempfile.gettempdir()
+        reclaim_private_roots(parent)
+        prefix = f"{PRIVATE_PREFIX}{_host_tag()}-{os.getpid()}-"
+        return cls(tempfile.mkdtemp(prefix=prefix, dir=parent), owned=True)
 
     def _job_dir(self, job_id: str) -> str:
         return os.path.join(self.root, check_name(job_id, "job id"))
@@ -270,6 +279,55 @@ class DirectoryResultFiles:
         """Remove the root if it is this process's own."""
         if self.owned:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+#: a private root is ``<tmp>/mortred-results-<host tag>-<pid>-<random>``
+PRIVATE_PREFIX = "mortred-results-"
+_PRIVATE = re.compile(r"mortred-results-([0-9a-f]{8})-([0-9]{1,10})-[A-Za-z0-9_]+")
+
+
+def _host_tag() -> str:
+    """8 hex digits of this host's name: a root's pid means something only on the
+    host (the container, the PID namespace) that made it."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
+def reclaim_private_roots(parent: str) -> list[str]:
+    """Remove the private roots in ``parent`` whose process is gone: made on this
+    host, by this user, by a pid that no longer runs. A root of a live process (a
+    pid reused since is taken for live: kept, never a live one removed), another
+    host's or another user's is left alone. Returns the roots removed."""
+    removed: list[str] = []
+    tag, me, uid = _host_tag(), os.getpid(), os.getuid()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _PRIVATE.fullmatch(entry.name)
+        if m is None or m.group(1) != tag or int(m.group(2)) == me:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if not _alive(int(m.group(2))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    if removed:
+        log.info("reclaimed {n} result folder(s) of processes gone", n=len(removed))
+    return removed
 
 
 class ResultFiles(Protocol):

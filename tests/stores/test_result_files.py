@@ -293,3 +293,63 @@ def test_open_range_reads_a_chunk_at_a_time_from_the_handle_it_opened(
     with pytest.raises(FileChanged):
         files.open_range(found, 0, len(data))
     assert issubclass(FileChanged, OSError)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_private_roots_left_by_dead_processes_are_reclaimed(tmp_path: Path) -> None:
+    """Issue 37.3: a root whose process died without ``close`` (SIGKILL) is removed
+    by the next private store; a live process's root, another host's, one that is
+    not a private root, and the new store's own are kept."""
+    from mortred_twisted.stores.result_files import _host_tag
+
+    tag = _host_tag()
+    dead = tmp_path / f"mortred-results-{tag}-{_dead_pid()}-abc_1"
+    live = tmp_path / f"mortred-results-{tag}-{os.getppid()}-abc_2"
+    other_host = (
+        tmp_path / f"mortred-results-{'0' * 8 if tag != '0' * 8 else '1' * 8}-{_dead_pid()}-x"
+    )
+    unrelated = tmp_path / "mortred-results-something"
+    for folder in (dead, live, other_host, unrelated):
+        (folder / "job_1").mkdir(parents=True)
+        (folder / "job_1" / "a.bin").write_bytes(b"x" * 1000)
+    files = DirectoryResultFiles.private(str(tmp_path))
+    assert not dead.exists()
+    assert live.exists() and other_host.exists() and unrelated.exists()
+    assert os.path.basename(files.root).startswith(f"mortred-results-{tag}-{os.getpid()}-")
+    files.close()
+    assert not os.path.exists(files.root)
+
+
+def test_a_killed_servers_result_folder_is_reclaimed_by_the_next(tmp_path: Path) -> None:
+    """Issue 37.3 on real processes: a memory-store server SIGKILLed after a job
+    wrote files leaves its folder; the next server on the host removes it at start
+    (before: left for good)."""
+    import signal
+
+    from tests.support.servers import model_server
+
+    config = Path(__file__).resolve().parents[1] / "e2e" / "sdk_models" / "files.toml"
+    env = {"TMPDIR": str(tmp_path)}
+    with model_server(config, env=env) as first:
+        status, doc = first.json("POST", "/jobs", {"params": {"n": 2, "size": 100_000}})
+        assert status == 202, doc
+        done = first.json("GET", f"/jobs/{doc['job_id']}/wait?timeout=20000")[1]
+        assert done["state"] == "done", done
+        left = [p for p in tmp_path.iterdir() if f"-{first.process.pid}-" in p.name]
+        assert len(left) == 1 and any(left[0].rglob("notes-1.txt")), left
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(30)
+    assert left[0].exists()  # close never ran
+    with model_server(config, env=env) as second:
+        assert not left[0].exists()
+        own = [p for p in tmp_path.iterdir() if f"-{second.process.pid}-" in p.name]
+        assert len(own) == 1
