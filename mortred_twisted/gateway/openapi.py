@@ -60,6 +60,8 @@ def public_path(path: str, model_id: str, server_uri: str) -> str | None:
         return base + path
     if path == "/queue" or path == "/openapi.json":
         return base + path
+    if path.startswith("/v1/"):  # the OpenAI door (docs/protocols.md)
+        return base + "/openai" + path
     return None
 
 

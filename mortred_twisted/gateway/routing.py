@@ -72,6 +72,8 @@ class RouteKind(enum.Enum):
     QUEUE = "queue"
     FILE = "jobs_file"
     OPENAPI = "openapi"
+    OPENAI_IMAGES = "openai_images"  # /v1/models/<id>/openai/v1/images/generations
+    OPENAI_MODELS = "openai_models"  # /v1/models/<id>/openai/v1/models
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -87,6 +89,8 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.QUEUE: {"GET": RouteKind.QUEUE},
     RouteKind.FILE: {"GET": RouteKind.FILE},
     RouteKind.OPENAPI: {"GET": RouteKind.OPENAPI},
+    RouteKind.OPENAI_IMAGES: {"POST": RouteKind.OPENAI_IMAGES},
+    RouteKind.OPENAI_MODELS: {"GET": RouteKind.OPENAI_MODELS},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -241,6 +245,12 @@ def match(path: str, catalog: Catalog) -> Match | None:
             return Match(RouteKind.QUEUE, model_id)
         if rest == ["openapi.json"]:
             return Match(RouteKind.OPENAPI, model_id)
+        if rest[:2] == ["openai", "v1"]:  # the OpenAI door's base URL (docs/protocols.md)
+            if rest[2:] == ["images", "generations"]:
+                return Match(RouteKind.OPENAI_IMAGES, model_id)
+            if rest[2:] == ["models"]:
+                return Match(RouteKind.OPENAI_MODELS, model_id)
+            return None
         if len(rest) >= 2 and rest[0] == "jobs" and rest[1]:
             job = rest[1]
             if len(rest) == 2:
@@ -313,6 +323,10 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, "/queue")
     if m.kind is RouteKind.OPENAPI:
         return Route(m.kind, entry, "/openapi.json")
+    if m.kind is RouteKind.OPENAI_IMAGES:
+        return Route(m.kind, entry, "/v1/images/generations")
+    if m.kind is RouteKind.OPENAI_MODELS:
+        return Route(m.kind, entry, "/v1/models")
     if m.kind is RouteKind.LIST:
         forwarded = list_query(query) if query else ""
         return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))

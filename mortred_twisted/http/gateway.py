@@ -76,6 +76,11 @@ from mortred_twisted.gateway.routing import (
     match,
     resolve,
 )
+from mortred_twisted.http.protocols.openai_images import (
+    error_body,
+    public_base,
+    public_image_urls,
+)
 from mortred_twisted.http.responder import is_json_content_type
 from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE, host_refusal
 from mortred_twisted.http11.messages import StreamCut
@@ -103,10 +108,11 @@ _FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
 #: ... plus one header on some routes.
 _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
+    RouteKind.OPENAI_IMAGES: b"idempotency-key",
     RouteKind.EVENTS: b"last-event-id",
 }
 #: ... and a submit's or sync call's ``Prefer`` (``return=inline``: result files inline).
-_FORWARD_PREFER = frozenset({RouteKind.SUBMIT, RouteKind.INFER})
+_FORWARD_PREFER = frozenset({RouteKind.SUBMIT, RouteKind.INFER, RouteKind.OPENAI_IMAGES})
 #: ... and a result file's conditional and range headers.
 _FORWARD_FILE = (b"range", b"if-none-match", b"if-range")
 #: Routes that name their caller to the model (every job route).
@@ -121,11 +127,16 @@ _JOB_ROUTES = frozenset(
         RouteKind.EVENTS,
         RouteKind.QUEUE,
         RouteKind.FILE,
+        RouteKind.OPENAI_IMAGES,  # a submit through the OpenAI door
     }
 )
+#: Routes that send the caller's fair-share terms (fair_share.py) with its principal.
+_TERMS_ROUTES = frozenset({RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES})
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
 #: the only routes that take a body (any other answers one 413 from the head).
-_JSON_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY})
+_JSON_BODY = frozenset(
+    {RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY, RouteKind.OPENAI_IMAGES}
+)
 #: Routes that may also take a ``multipart/form-data`` submit (the model port decides:
 #: an SDK model takes it, a built-in family answers 415).
 _FORM_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT})
@@ -236,7 +247,8 @@ class GatewayApp:
         for name, value in (headers or {}).items():
             request.setHeader(name.encode("ascii"), value.encode("latin-1"))
         self.metrics.hot.count(route, str(status))
-        body = json.dumps({"error": message}).encode("utf-8")
+        doc = error_body(status, message) if route.startswith("openai_") else {"error": message}
+        body = json.dumps(doc).encode("utf-8")
         request.setHeader(b"Content-Length", str(len(body)).encode("ascii"))
         return body
 
@@ -391,7 +403,7 @@ class GatewayApp:
                 headers[PRINCIPAL] = [decision.caller]
                 if decision.all_jobs:
                     headers[PRINCIPAL_SCOPE] = _SCOPE_ALL
-                if kind is RouteKind.SUBMIT or kind is RouteKind.QUEUE:
+                if kind in _TERMS_ROUTES:
                     for name, value in decision.terms:  # the key's share (fair_share.py)
                         headers[name] = [value]
         return headers
@@ -537,6 +549,16 @@ class GatewayApp:
             body = rewrite_job_urls(body, route.entry.id)
         elif kind is RouteKind.RESULT and code == 200:  # result files' URLs
             body = rewrite_file_urls(body, gateway_prefix(route.entry.id))
+        elif kind is RouteKind.OPENAI_IMAGES and code in (200, 202):  # its URLs, public
+            if code == 202:  # the native job body (Prefer: respond-async)
+                body = rewrite_job_urls(body, route.entry.id)
+                location = response.headers.getRawHeaders(b"location")
+                if location:
+                    new = public_job_path(location[0].decode("latin-1"), route.entry.id)
+                    request.setHeader(b"Location", new.encode("latin-1"))
+            else:
+                base = public_base(request.getHeader(b"host"))
+                body = public_image_urls(body, gateway_prefix(route.entry.id), base)
         elif kind is RouteKind.OPENAPI and code == 200:  # the paths a client calls here
             entry = route.entry
             try:

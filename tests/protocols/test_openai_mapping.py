@@ -3,6 +3,7 @@ what is refused, naming OpenAI's param."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -81,3 +82,53 @@ def test_the_answer_shape() -> None:
     assert isinstance(answer["created"], int)
     inline = {"images": [{"base64": "QUJD", "content_type": "image/png"}]}
     assert images_answer(inline, "url", "")["data"] == [{"url": "data:image/png;base64,QUJD"}]
+
+
+def test_the_gateway_routes_the_door_by_path() -> None:
+    """``/v1/models/<id>/openai/v1/{images/generations,models}`` reach the model's door;
+    any other path under ``openai/`` is 404 (no match), other methods 405."""
+    from mortred_twisted.config.catalog import Catalog, CatalogEntry
+    from mortred_twisted.gateway.routing import (
+        RouteError,
+        RouteKind,
+        check_method,
+        match,
+        resolve,
+    )
+
+    catalog = Catalog([CatalogEntry("M", "fake", "127.0.0.1", 1, "/i", True, 16, "m.toml")])
+    images = match("/v1/models/M/openai/v1/images/generations", catalog)
+    assert images is not None and images.kind is RouteKind.OPENAI_IMAGES
+    assert resolve(check_method(images, "POST"), catalog).upstream_path == (
+        "/v1/images/generations"
+    )
+    models = match("/v1/models/M/openai/v1/models", catalog)
+    assert models is not None
+    assert resolve(check_method(models, "GET"), catalog).upstream_path == "/v1/models"
+    for path in ("/v1/models/M/openai/v1/images/edits", "/v1/models/M/openai/v2/models",
+                 "/v1/models/M/openai", "/v1/models/M/openai/v1/images/generations/x"):  # fmt: skip
+        assert match(path, catalog) is None, path
+    with pytest.raises(RouteError) as caught:
+        check_method(images, "GET")
+    assert caught.value.status == 405
+
+
+def test_public_urls_and_hosts() -> None:
+    from mortred_twisted.http.protocols.openai_images import public_base, public_image_urls
+
+    assert public_base(b"gw.example:8080") == "http://gw.example:8080"
+    assert public_base(b"[::1]:9") == "http://[::1]:9"
+    for host in (None, b"", b"evil.com/path", b"a b", b"x\r\nSet-Cookie: y", b"h:123456"):
+        assert public_base(host) == ""
+    body = json.dumps(
+        {"created": 1, "data": [{"url": "http://127.0.0.1:5/jobs/job_1/files/a.png"},
+                                {"url": "data:image/png;base64,QQ=="},
+                                {"url": "https://elsewhere/x.png"}, {"b64_json": "QQ=="}]}
+    ).encode()  # fmt: skip
+    out = json.loads(public_image_urls(body, "/v1/models/M/jobs/", "http://gw"))
+    assert [d.get("url") for d in out["data"]] == [
+        "http://gw/v1/models/M/jobs/job_1/files/a.png", "data:image/png;base64,QQ==",
+        "https://elsewhere/x.png", None,
+    ]  # fmt: skip
+    for raw in (b"not json", b"[1]", b'{"data": 5}', b'{"data": [1, null]}', b"\xff"):
+        assert public_image_urls(raw, "/p/", "http://gw") == raw

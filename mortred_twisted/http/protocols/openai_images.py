@@ -13,11 +13,13 @@ error object ``{"error": {"message", "type", "param", "code"}}`` (docs/protocols
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 #: ``size`` as OpenAI writes it: ``<width>x<height>``, at most 5 digits each
 SIZE = re.compile(r"([1-9][0-9]{0,4})x([1-9][0-9]{0,4})")
@@ -61,6 +63,20 @@ class OpenAIError(Exception):
                 "code": self.code,
             }
         }  # fmt: skip
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error object for an answer made without a model (the gateway's own
+    refusals on the door's routes: 401, 403, 404, 405, 413, 415, 429, 502…)."""
+    kind = "invalid_request_error"
+    code = None
+    if status == 401:
+        code = "invalid_api_key"
+    elif status == 429:
+        kind, code = "rate_limit_error", "rate_limit_exceeded"
+    elif status >= 500:
+        kind = "server_error"
+    return OpenAIError(status, message, kind=kind, code=code).body()
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -158,3 +174,40 @@ def models_answer(model_ids: list[str], created: int) -> dict:
             for m in model_ids
         ],
     }
+
+
+#: a Host header fit to start an absolute URL with
+_HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+
+
+def public_base(host: bytes | None) -> str:
+    """``http://<host>`` for a well-formed ``Host`` header, else "" (relative URLs):
+    a Host that could not start a URL is never echoed."""
+    if not host:
+        return ""
+    text = host.decode("latin-1")
+    return "http://" + text if _HOST.fullmatch(text) else ""
+
+
+def public_image_urls(body: bytes, public_prefix: str, base: str) -> bytes:
+    """An images answer whose ``data[].url`` point at a model port's ``/jobs/…``
+    files, pointed at ``base + public_prefix + "<job>/files/<name>"`` instead (the
+    gateway's public file route; ``public_prefix`` ends with ``/jobs/``). Any other
+    body, or URL, is returned unchanged."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return body
+    items = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return body
+    changed = False
+    for item in items:
+        url = item.get("url") if isinstance(item, dict) else None
+        if not isinstance(url, str) or url.startswith("data:"):
+            continue
+        path = urlsplit(url).path
+        if path.startswith("/jobs/"):
+            item["url"] = base + public_prefix + path[len("/jobs/") :]
+            changed = True
+    return json.dumps(doc, separators=(",", ":")).encode() if changed else body

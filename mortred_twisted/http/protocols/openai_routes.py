@@ -30,6 +30,7 @@ from mortred_twisted.http.protocols.openai_images import (
     models_answer,
     param_of,
     parse_generations,
+    public_base,
 )
 from mortred_twisted.http.protocols.submission import Answer, Submission
 from mortred_twisted.http.responder import is_json_content_type, json_bytes
@@ -40,8 +41,6 @@ from mortred_twisted.jobs.types import Admission, ResultLookup
 from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest
 
 _RESPOND_ASYNC = re.compile(rb"(^|[,;\s])respond-async($|[,;\s])", re.IGNORECASE)
-#: a Host header fit to start an absolute URL with
-_HOST = re.compile(rb"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
 def openai_error(err: ApiError) -> OpenAIError:
@@ -220,7 +219,4 @@ class OpenAIImagesRoutes:
     @staticmethod
     def _base_url(request: IRequest) -> str:
         """``http://<Host>`` for a well-formed ``Host``, else "" (relative URLs)."""
-        host = request.requestHeaders.getRawHeaders(b"host", [None])[0]
-        if host is None or _HOST.fullmatch(host) is None:
-            return ""
-        return "http://" + host.decode("ascii")
+        return public_base(request.requestHeaders.getRawHeaders(b"host", [None])[0])
