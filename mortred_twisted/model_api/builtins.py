@@ -26,7 +26,7 @@ MODEL_FACTORIES: Mapping[str, str] = {
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"
     ),
     "OBJECT_DETECTION": "mortred_twisted.models.mortred_v1.detection:ObjectDetectionModel",
-    "YOLOV8": "mortred_twisted.models.detection.yolov8:YoloV8Model",
+    "YOLOV8": "mortred_twisted.models.yolov8.family:YoloV8Model",
     "SAM_AMG": "mortred_twisted.models.mortred_v1.mask_generation:SamAmgModel",
     "transformers": "mortred_twisted.models.transformers_tasks.loader:create",
     "diffusers": "mortred_twisted.models.diffusers_pipelines.loader:create",

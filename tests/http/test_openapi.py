@@ -53,12 +53,12 @@ def test_openapi_documents_the_model_output() -> None:
 
 def test_every_model_family_declares_its_output_schema() -> None:
     """Each served family documents its data (imports torch: model modules)."""
-    from mortred_twisted.models.detection.yolov8 import YoloV8Model
     from mortred_twisted.models.diffusion.service import DiffusionModel
     from mortred_twisted.models.mortred_v1.classification import (
         ImageClassificationModel as MobileNetV2Model,
     )
     from mortred_twisted.models.mortred_v1.mask_generation import SamAmgModel
+    from mortred_twisted.models.yolov8.family import YoloV8Model
 
     for cls in (MobileNetV2Model, YoloV8Model, DiffusionModel, SamAmgModel):
         assert cls.output_schema is not None, cls.__name__

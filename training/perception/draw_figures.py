@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw
 from mortred_twisted.model_api.base import InferenceRequest, Model, RunContext
 from mortred_twisted.models.codec import decode_image
 from mortred_twisted.models.registry import create_model
-from mortred_twisted.models.segment_anything.masks import overlay, rle_to_mask
+from mortred_twisted.models.transformers_tasks.sam.masks import overlay, rle_to_mask
 from training.perception.common import ROOT, base_parser, setup
 
 DEMO = ROOT / "demo_data" / "perception"

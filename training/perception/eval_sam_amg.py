@@ -37,8 +37,8 @@ from mortred_twisted.models.mortred_v1.mask_generation import (
     create,
     load_for_eval,
 )
-from mortred_twisted.models.segment_anything.amg import AmgConfig
-from mortred_twisted.models.segment_anything.prompter import SamPrompter
+from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig
+from mortred_twisted.models.transformers_tasks.sam.prompter import SamPrompter
 from training.perception.common import ROOT, base_parser, command_line, setup
 from training.perception.metrics import mask_iou, mask_matching
 

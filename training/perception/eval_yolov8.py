@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from mortred_twisted.data.scenes import CLASS_NAMES, scene_split
-from mortred_twisted.models.detection.network import YoloV8, decode
-from mortred_twisted.models.detection.yolov8 import create, postprocess, to_tensor
+from mortred_twisted.models.yolov8.family import create, postprocess, to_tensor
+from mortred_twisted.models.yolov8.network import YoloV8, decode
 from training.perception.common import ROOT, base_parser, setup
 from training.perception.metrics import detection_map
 

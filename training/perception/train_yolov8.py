@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from mortred_twisted.data.scenes import CLASS_NAMES, Scene, scene_split
-from mortred_twisted.models.classification.weights import write_manifest_entry
-from mortred_twisted.models.detection.yolov8 import MODEL_TYPE, build_network, to_tensor
+from mortred_twisted.models.weights import write_manifest_entry
+from mortred_twisted.models.yolov8.family import MODEL_TYPE, build_network, to_tensor
 from training.perception.common import WEIGHTS_DIR, Timer, base_parser, command_line, log, setup
 from training.perception.eval_yolov8 import evaluate
 from training.perception.yolo_loss import yolo_loss

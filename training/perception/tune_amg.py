@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from mortred_twisted.data.scenes import scene_split
-from mortred_twisted.models.detection.ops import nms
+from mortred_twisted.models.box_ops import nms
 from mortred_twisted.models.mortred_v1.mask_generation import DEFAULT_PRETRAINED, create
-from mortred_twisted.models.segment_anything.amg import AmgConfig, masks_to_boxes_xyxy
+from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig, masks_to_boxes_xyxy
 from training.perception.common import ROOT, base_parser, setup
 from training.perception.metrics import mask_matching
 

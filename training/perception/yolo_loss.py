@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mortred_twisted.models.detection.network import (
+from mortred_twisted.models.box_ops import ciou
+from mortred_twisted.models.yolov8.network import (
     YoloV8,
     dfl_decode,
     distances_to_boxes,
     flatten_outputs,
     make_anchors,
 )
-from mortred_twisted.models.detection.ops import ciou
 
 
 def pairwise_iou(gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 :class:`~mortred_twisted.models.transformers_tasks.classification.ImageClassifier`.
 
 The directory (``pretrained``, default the shipped digit classifier) must match its
-``manifest.json`` (:mod:`mortred_twisted.models.classification.pretrained`), as
+``manifest.json`` (:mod:`mortred_twisted.models.pretrained`), as
 for every shipped entry; the task model loads it and computes the softmax scores.
 The adapter maps:
 
@@ -29,8 +29,8 @@ import torch
 from PIL import Image as PILImage
 
 from mortred_twisted.model_api.base import Model, ModelLoadError
-from mortred_twisted.models.classification.pretrained import verified_directory
 from mortred_twisted.models.mortred_v1.common import fan_out, task_instance
+from mortred_twisted.models.pretrained import verified_directory
 from mortred_twisted.models.schemas import CLASSIFICATION_OUTPUT
 from mortred_twisted.models.transformers_tasks.classification import ImageClassifier
 from mortred_twisted.sdk import Context, Image, Input, ServedModel

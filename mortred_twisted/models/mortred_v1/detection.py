@@ -27,9 +27,12 @@ import torch
 from PIL import Image as PILImage
 
 from mortred_twisted.model_api.base import Model, ModelLoadError
-from mortred_twisted.models.classification.pretrained import verified_directory
-from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.detection.yolov8 import (
+from mortred_twisted.models.box_ops import nms
+from mortred_twisted.models.mortred_v1.common import fan_out, task_instance
+from mortred_twisted.models.pretrained import verified_directory
+from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.models.transformers_tasks.detection import ObjectDetector
+from mortred_twisted.models.yolov8.family import (
     IMAGES,
     KEEP_TOP_K,
     NMS_THRESHOLD,
@@ -38,9 +41,6 @@ from mortred_twisted.models.detection.yolov8 import (
     settings_of,
     threshold_options,
 )
-from mortred_twisted.models.mortred_v1.common import fan_out, task_instance
-from mortred_twisted.models.schemas import DETECTION_OUTPUT
-from mortred_twisted.models.transformers_tasks.detection import ObjectDetector
 from mortred_twisted.sdk import Context, Image, ServedModel
 
 MODEL_TYPE = "OBJECT_DETECTION"

@@ -14,7 +14,7 @@ segmented one after the other) and the legacy params (the AMG keys, ``output_mod
      "overlay": "<base64 PNG>"}                         # only if return_overlay
 
 ``segmentation`` is COCO's uncompressed RLE (``output_mode = "uncompressed_rle"``,
-:func:`~mortred_twisted.models.segment_anything.masks.mask_to_rle`) or a base64 PNG,
+:func:`~mortred_twisted.models.transformers_tasks.sam.masks.mask_to_rle`) or a base64 PNG,
 8-bit grey, 255 inside (``"binary_mask_png"``). Several images give ``{"results":
 [...]}``. Progress is prompt batches done / total over the whole request;
 cancellation is checked between batches. Requests run one by one.
@@ -30,22 +30,22 @@ from typing import Any
 import numpy as np
 
 from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
-from mortred_twisted.models.classification.pretrained import verified_directory
 from mortred_twisted.models.codec import decode_image, png_base64
 from mortred_twisted.models.mortred_v1.common import task_instance
+from mortred_twisted.models.pretrained import verified_directory
 from mortred_twisted.models.schemas import SAM_AMG_OUTPUT
-from mortred_twisted.models.segment_anything.amg import (
-    MAX_MASKS,
-    AmgConfig,
-    AutomaticMaskGenerator,
-)
-from mortred_twisted.models.segment_anything.masks import mask_to_rle, overlay
-from mortred_twisted.models.segment_anything.prompter import SamPrompter
 from mortred_twisted.models.transformers_tasks.mask_generation import (
     OUTPUT_MODES,
     MaskGenerator,
     amg_config_from_options,
 )
+from mortred_twisted.models.transformers_tasks.sam.amg import (
+    MAX_MASKS,
+    AmgConfig,
+    AutomaticMaskGenerator,
+)
+from mortred_twisted.models.transformers_tasks.sam.masks import mask_to_rle, overlay
+from mortred_twisted.models.transformers_tasks.sam.prompter import SamPrompter
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "SAM_AMG"

@@ -54,7 +54,7 @@ class Parts:
 
 def directory_of(options: Mapping[str, Any], root: Path) -> Path:
     """The ``pretrained`` directory named by ``options`` (relative to ``root``)."""
-    from mortred_twisted.models.classification.weights import resolve_path
+    from mortred_twisted.models.weights import resolve_path
 
     if "pretrained" not in options:
         raise ModelLoadError(
@@ -102,7 +102,7 @@ def check_options(options: Mapping[str, Any], known: frozenset[str]) -> None:
 
 def quiet() -> None:
     """Keep transformers' notices and progress bars out of the server's log."""
-    from mortred_twisted.models.classification.pretrained import quiet_transformers
+    from mortred_twisted.models.pretrained import quiet_transformers
 
     quiet_transformers()
 
@@ -119,8 +119,8 @@ def load_parts(
     ``options`` names, shared per process (see the module docstring)."""
     import transformers
 
-    from mortred_twisted.models.classification.pretrained import load_processor
-    from mortred_twisted.models.classification.weights import resolve_device
+    from mortred_twisted.models.pretrained import load_processor
+    from mortred_twisted.models.weights import resolve_device
 
     directory = directory_of(options, root)
     device = resolve_device(options.get("device", "cpu"))

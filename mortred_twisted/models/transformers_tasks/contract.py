@@ -11,26 +11,24 @@ object for one image), the legacy ``params`` with their names, defaults, bounds 
 422 messages, the legacy ``data`` shapes, the input limits and the dynamic batching
 of the built-in families.
 
-That contract *is* the built-in family's implementation, so the compatibility mode
-builds it rather than re-implementing it beside the task models (two copies of one
-contract drift; this way there is one): :data:`V1_FAMILIES` maps each task that has
-a seed contract to the family that defines it (the same
-:class:`~mortred_twisted.sdk.ServedModel` classes, declared with ``contract =
-"mortred-v1"``, that the ``IMAGE_CLASSIFICATION``/``MOBILENETV2``,
-``OBJECT_DETECTION`` and ``SAM_AMG`` types name in
-:mod:`mortred_twisted.models.registry`), built through the SDK
-(:func:`~mortred_twisted.sdk.loading.build_sdk_model`) as those types are. Those
-families are transformers families already (``AutoModelForImageClassification``,
-``AutoModelForObjectDetection``, ``SamModel``), so every directory the task model
-loads, the v1 contract loads too, with the family's own load-time checks: the
-directory's ``manifest.json`` (sha256 of each file) is required, as for the shipped
-entries, and the family's options are accepted (``model_score_threshold``,
+That contract is an *adapter over the task model* (:mod:`mortred_twisted.models.
+mortred_v1`): :data:`V1_FAMILIES` maps each task that has a seed contract to its
+adapter, a :class:`~mortred_twisted.sdk.ServedModel` declared with ``contract =
+"mortred-v1"`` that sets the task model up inside itself (the task's loading,
+preprocessing and forward pass are the only implementation) and maps the envelope's
+images, the legacy params and the legacy ``data`` onto it. The legacy type names
+(``IMAGE_CLASSIFICATION``/``MOBILENETV2``, ``OBJECT_DETECTION``, ``SAM_AMG``) are
+aliases of these configurations (:data:`~mortred_twisted.model_api.builtins.
+MODEL_ALIASES`) and name the same adapters; they are built through the SDK
+(:func:`~mortred_twisted.sdk.loading.build_sdk_model`). The adapter adds the
+shipped entries' load-time check: the directory's ``manifest.json`` (sha256 of each
+file) is required; the family's options are accepted (``model_score_threshold``,
 ``model_nms_threshold``, ``model_keep_top_k`` for detection; the AMG keys for mask
 generation). A task without a seed contract (zero-shot classification, semantic
 segmentation, depth) is a :class:`~mortred_twisted.model_api.base.ModelLoadError`
 naming the tasks that have one, as is an unknown contract.
 
-Loader thread only (the families load weights).
+Loader thread only (the adapters load weights).
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ SDK_CONTRACT = "sdk"
 MORTRED_V1 = "mortred-v1"
 CONTRACTS = (SDK_CONTRACT, MORTRED_V1)
 
-#: Task -> ``module:Class`` of the built-in family whose contract is ``mortred-v1``
-#: for it (a test checks these are the registry's entries of those types).
+#: Task -> ``module:Class`` of its ``mortred-v1`` adapter (the aliases name the same
+#: classes: tests/models/test_aliases.py).
 V1_FAMILIES: Mapping[str, str] = {
     "image-classification": (
         "mortred_twisted.models.mortred_v1.classification:ImageClassificationModel"

@@ -1,13 +1,13 @@
 """``task = "mask-generation"``: automatic mask generation (SAM's AMG) over any
 ``SamModel`` directory (sam-vit-base/large/huge or smaller ones of that layout).
 
-The generator is SAM_AMG's (:mod:`mortred_twisted.models.segment_anything.amg`): the
+The generator is SAM_AMG's (:mod:`mortred_twisted.models.transformers_tasks.sam.amg`): the
 same options, filters and records. The server file's ``[model]`` AMG keys
 (``points_per_side``, ``pred_iou_thresh``, …) are the defaults; each is also an
 input of the request (absent: the default). The checkpoint's geometry (input size,
 patch size, embedding grid, low-resolution masks) is read from its config and
-checked against its image processor at load (:func:`~mortred_twisted.models.
-segment_anything.prompter.check_sam_geometry`).
+checked against its image processor at load (:func:`~mortred_twisted.models.transformers_tasks.
+sam.prompter.check_sam_geometry`).
 
 Inputs: ``image`` and the AMG keys, ``output_mode`` (``uncompressed_rle`` or
 ``binary_mask_png``), ``return_overlay``. Output: ``{"width", "height", "masks":
@@ -33,11 +33,11 @@ from mortred_twisted.models.transformers_tasks.common import (
 )
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
-#: ``segment_anything.amg.MAX_MASKS`` (this module imports no torch until setup:
+#: ``sam.amg.MAX_MASKS`` (this module imports no torch until setup:
 #: a server that isolates its workers reads the declaration without it; a test
 #: checks that the two agree).
 MAX_MASKS = 256
-#: The fields of ``segment_anything.amg.AmgConfig`` (a test checks they agree).
+#: The fields of ``sam.amg.AmgConfig`` (a test checks they agree).
 AMG_KEYS = frozenset(
     {
         "points_per_side",
@@ -74,8 +74,8 @@ class MaskGenerator(ServedModel):
     """Segments everything in a picture with SAM's automatic mask generator."""
 
     def setup(self) -> None:
-        from mortred_twisted.models.segment_anything.amg import AutomaticMaskGenerator
-        from mortred_twisted.models.segment_anything.prompter import SamPrompter
+        from mortred_twisted.models.transformers_tasks.sam.amg import AutomaticMaskGenerator
+        from mortred_twisted.models.transformers_tasks.sam.prompter import SamPrompter
 
         check_options(self.options, COMMON_OPTIONS | AMG_KEYS)
         self.config = amg_config_from_options(
@@ -121,7 +121,7 @@ class MaskGenerator(ServedModel):
         }
         import numpy as np
 
-        from mortred_twisted.models.segment_anything.masks import mask_to_rle, overlay
+        from mortred_twisted.models.transformers_tasks.sam.masks import mask_to_rle, overlay
 
         config = replace(self.config, **{k: v for k, v in given.items() if v is not None})
         rgb = image.to_numpy("RGB")
@@ -163,8 +163,8 @@ def amg_config_from_options(options: Mapping[str, Any]) -> Any:
     ``mortred-v1`` adapter reads its defaults here too."""
     from dataclasses import fields
 
-    from mortred_twisted.models.classification.weights import option
-    from mortred_twisted.models.segment_anything.amg import AmgConfig
+    from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig
+    from mortred_twisted.models.weights import option
     from mortred_twisted.sdk.loading import declaration_of
 
     defaults = AmgConfig()

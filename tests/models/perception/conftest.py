@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mortred_twisted.models.classification.weights import write_manifest_entry
+from mortred_twisted.models.weights import write_manifest_entry
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,7 +44,7 @@ def tiny_weights(tmp_path: Path) -> Callable[[str], Path]:
     """Factory: a tiny random checkpoint of YOLOV8, listed in a temp manifest."""
 
     def make(model_type: str) -> Path:
-        from mortred_twisted.models.detection import yolov8
+        from mortred_twisted.models.yolov8 import family as yolov8
 
         torch.manual_seed(0)
         arch = TINY_ARCHS[model_type]

@@ -19,13 +19,13 @@ from mortred_twisted.model_api.base import (
     RunContext,
 )
 from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
-from mortred_twisted.models.segment_anything.amg import (
+from mortred_twisted.models.transformers_tasks.sam.amg import (
     CANDIDATES_PER_CROP,
     MAX_MASKS,
     AmgConfig,
     AutomaticMaskGenerator,
 )
-from mortred_twisted.models.segment_anything.crops import (
+from mortred_twisted.models.transformers_tasks.sam.crops import (
     generate_crop_boxes,
     is_box_near_crop_edge,
     points_per_side_of_layer,
@@ -33,8 +33,8 @@ from mortred_twisted.models.segment_anything.crops import (
     uncrop_masks,
     uncrop_points,
 )
-from mortred_twisted.models.segment_anything.masks import rle_to_mask
-from mortred_twisted.models.segment_anything.prompter import Embedded
+from mortred_twisted.models.transformers_tasks.sam.masks import rle_to_mask
+from mortred_twisted.models.transformers_tasks.sam.prompter import Embedded
 from tests.models.perception.conftest import ROOT, png_bytes
 
 
@@ -251,8 +251,8 @@ import numpy as np, torch
 sys.path.insert(0, {root!r})
 from mortred_twisted.model_api.base import InferenceRequest, RunContext
 from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
-from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
-from mortred_twisted.models.segment_anything.prompter import Embedded
+from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.transformers_tasks.sam.prompter import Embedded
 from tests.models.perception.conftest import png_bytes
 
 class EveryPointAMask:

@@ -23,13 +23,13 @@ from mortred_twisted.model_api.base import (
     RunCancelled,
     RunContext,
 )
-from mortred_twisted.models.detection import yolov8
 from mortred_twisted.models.mortred_v1 import classification as image_classification
 from mortred_twisted.models.mortred_v1 import detection as object_detection
 from mortred_twisted.models.mortred_v1 import mask_generation as sam_amg
-from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
-from mortred_twisted.models.segment_anything.masks import rle_to_mask
-from mortred_twisted.models.segment_anything.prompter import Embedded
+from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig, AutomaticMaskGenerator
+from mortred_twisted.models.transformers_tasks.sam.masks import rle_to_mask
+from mortred_twisted.models.transformers_tasks.sam.prompter import Embedded
+from mortred_twisted.models.yolov8 import family as yolov8
 from mortred_twisted.sdk.adapter import SdkModel
 from tests.models.perception.conftest import ROOT, png_bytes
 

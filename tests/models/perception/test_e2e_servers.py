@@ -177,7 +177,7 @@ def test_public_detector_layout_is_served(stand_in: Callable[[str], Path], tmp_p
 def test_public_sam_layout_is_served(stand_in: Callable[[str], Path], tmp_path: Path) -> None:
     """A sam-vit-base-shaped directory runs the AMG as a job to done; every picture gets
     its size back and masks (if any) of that size."""
-    from mortred_twisted.models.segment_anything.masks import rle_to_mask
+    from mortred_twisted.models.transformers_tasks.sam.masks import rle_to_mask
 
     extra = (
         "points_per_side = 4\npred_iou_thresh = 0.0\nstability_score_thresh = 0.0\n"

@@ -157,7 +157,7 @@ def test_sam_amg_golden_scene_1() -> None:
     """The generator's masks on demo scene 1 match the recorded ones, and every
     ground-truth instance is covered by some mask at IoU >= min_best_iou."""
     from mortred_twisted.data.scenes import scene_split
-    from mortred_twisted.models.segment_anything.masks import rle_to_mask
+    from mortred_twisted.models.transformers_tasks.sam.masks import rle_to_mask
     from training.perception.metrics import mask_matching
 
     model = _model("SAM_AMG", "conf/model/segment_anything/sam_amg.toml")

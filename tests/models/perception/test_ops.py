@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from mortred_twisted.models.detection.ops import box_iou, ciou, nms
-from mortred_twisted.models.segment_anything.amg import (
+from mortred_twisted.models.box_ops import box_iou, ciou, nms
+from mortred_twisted.models.transformers_tasks.sam.amg import (
     build_point_grid,
     masks_to_boxes_xyxy,
     remove_small_regions,
     stability_score,
 )
-from mortred_twisted.models.segment_anything.masks import mask_to_rle, rle_to_mask
+from mortred_twisted.models.transformers_tasks.sam.masks import mask_to_rle, rle_to_mask
 
 
 def test_box_iou_hand_computed() -> None:
@@ -104,7 +104,7 @@ def test_rle_round_trip(mask: np.ndarray) -> None:
 
 def test_mask_boundary_ring() -> None:
     """The boundary of a filled 3x3 square is its ring of 8 pixels."""
-    from mortred_twisted.models.segment_anything.masks import mask_boundary
+    from mortred_twisted.models.transformers_tasks.sam.masks import mask_boundary
 
     m = np.zeros((5, 5), bool)
     m[1:4, 1:4] = True
@@ -118,7 +118,7 @@ def test_torch_component_labels_match_scipy(work: np.ndarray) -> None:
     """The SciPy-free labelling finds the same 4-connected components, same numbering."""
     from scipy import ndimage
 
-    from mortred_twisted.models.segment_anything.amg import label_components_torch
+    from mortred_twisted.models.transformers_tasks.sam.amg import label_components_torch
 
     expected, n = ndimage.label(work)
     labels, m = label_components_torch(work)

@@ -18,12 +18,12 @@ import pytest
 from mortred_twisted.config.server import load_server_config
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.model_api.base import InferenceRequest, InputDecodeError, Model, RunContext
-from mortred_twisted.models.detection.yolov8 import YoloV8Model
 from mortred_twisted.models.isolated import validation_twin
 from mortred_twisted.models.mortred_v1.classification import ImageClassificationModel
 from mortred_twisted.models.mortred_v1.detection import ObjectDetectionModel
 from mortred_twisted.models.mortred_v1.mask_generation import SamAmgModel
 from mortred_twisted.models.registry import create_model
+from mortred_twisted.models.yolov8.family import YoloV8Model
 from mortred_twisted.sdk.adapter import SdkModel
 from mortred_twisted.sdk.seed_contract import sdk_declaration
 from mortred_twisted.testing.closeness import assert_json_close

@@ -14,14 +14,14 @@ import torch
 
 from mortred_twisted.config.server import load_server_config
 from mortred_twisted.model_api.base import ModelLoadError
-from mortred_twisted.models.classification import pretrained
-from mortred_twisted.models.classification.weights import (
+from mortred_twisted.models import pretrained
+from mortred_twisted.models.mortred_v1 import classification as image_classification
+from mortred_twisted.models.registry import create_model
+from mortred_twisted.models.weights import (
     load_verified_checkpoint,
     write_manifest_entry,
 )
-from mortred_twisted.models.detection import yolov8
-from mortred_twisted.models.mortred_v1 import classification as image_classification
-from mortred_twisted.models.registry import create_model
+from mortred_twisted.models.yolov8 import family as yolov8
 from tests.models.perception.conftest import ROOT, TINY_ARCHS
 
 SERVER_CONFIGS = {
@@ -115,7 +115,7 @@ def test_missing_manifest_or_directory_is_a_load_error(classifier_dir: Path) -> 
     """No manifest: the error says how to write one after vetting the files; no
     directory: the error names it."""
     (classifier_dir / "manifest.json").unlink()
-    with pytest.raises(ModelLoadError, match=r"classification\.pretrained"):
+    with pytest.raises(ModelLoadError, match=r"models\.pretrained"):
         create_model("IMAGE_CLASSIFICATION", {"pretrained": str(classifier_dir)}, ROOT)
     with pytest.raises(ModelLoadError, match="pretrained directory not found"):
         create_model("IMAGE_CLASSIFICATION", {"pretrained": str(classifier_dir / "x")}, ROOT)

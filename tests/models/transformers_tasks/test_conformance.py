@@ -82,8 +82,8 @@ def test_the_mask_generator_keys_are_the_amg_fields() -> None:
     """The declaration's copies of the AMG keys and mask bound match the generator."""
     from dataclasses import fields
 
-    from mortred_twisted.models.segment_anything import amg
     from mortred_twisted.models.transformers_tasks import mask_generation
+    from mortred_twisted.models.transformers_tasks.sam import amg
 
     assert {f.name for f in fields(amg.AmgConfig)} == mask_generation.AMG_KEYS
     assert amg.MAX_MASKS == mask_generation.MAX_MASKS

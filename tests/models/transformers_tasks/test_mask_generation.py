@@ -15,7 +15,7 @@ from PIL import Image
 from mortred_twisted.model_api.base import ModelLoadError
 from mortred_twisted.models.diffusion.manifest import write_manifest
 from mortred_twisted.models.registry import create_model
-from mortred_twisted.models.segment_anything.masks import rle_to_mask
+from mortred_twisted.models.transformers_tasks.sam.masks import rle_to_mask
 from tests.models.transformers_tasks import layouts
 from tests.models.transformers_tasks.conftest import png
 
@@ -122,7 +122,7 @@ def test_a_processor_of_another_size_is_refused(layout, tmp_path: Path) -> None:
 def test_each_kept_mask_is_resized_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The generator resizes each kept low-resolution mask to full size once (it
     used to build every full-size mask twice)."""
-    from mortred_twisted.models.segment_anything.amg import AmgConfig, AutomaticMaskGenerator
+    from mortred_twisted.models.transformers_tasks.sam.amg import AmgConfig, AutomaticMaskGenerator
 
     model = create_model("SAM_AMG", {}, Path.cwd())
     generator = model.instance.generator

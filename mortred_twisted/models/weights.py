@@ -1,5 +1,5 @@
-"""Verified weight loading shared by the perception families (classification,
-detection, segment_anything).
+"""Verified weight loading and option helpers shared by the perception models (the
+``mortred_v1`` adapters, the transformers tasks, YOLOV8).
 
 Trained weights live under ``weights/perception/`` next to a ``manifest.json``::
 

@@ -46,8 +46,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.segment_anything.crops import (
+from mortred_twisted.models.box_ops import nms
+from mortred_twisted.models.transformers_tasks.sam.crops import (
     CropBox,
     crops_per_layer,
     generate_crop_boxes,
@@ -58,7 +58,7 @@ from mortred_twisted.models.segment_anything.crops import (
     uncrop_masks,
     uncrop_points,
 )
-from mortred_twisted.models.segment_anything.prompter import SamPrompter
+from mortred_twisted.models.transformers_tasks.sam.prompter import SamPrompter
 
 #: Upper bound of ``max_masks`` (full-size masks kept per image): with the 1024 x 1024
 #: pixel limit of SAM_AMG, 256 masks are 256 MiB of booleans.

@@ -19,7 +19,7 @@ stays not ready. Loading uses ``local_files_only=True``: nothing is downloaded.
 A checkpoint downloaded elsewhere (e.g. ``facebook/sam-vit-base``) is vetted once and
 its manifest written with::
 
-    .venv/bin/python -m mortred_twisted.models.classification.pretrained DIR [DIR ...]
+    .venv/bin/python -m mortred_twisted.models.pretrained DIR [DIR ...]
 
 Called from loader threads only.
 """
@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from mortred_twisted.model_api.base import ModelLoadError
-from mortred_twisted.models.classification.weights import resolve_path
 from mortred_twisted.models.diffusion.manifest import (
     ManifestError,
     read_manifest,
     verify_files,
     write_manifest,
 )
+from mortred_twisted.models.weights import resolve_path
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -86,7 +86,7 @@ def _hint(directory: Path, manifest: Mapping[str, Any] | None) -> str:
         return f"rebuild with: {command}"
     return (
         "after vetting the files write the manifest with: .venv/bin/python -m "
-        f"mortred_twisted.models.classification.pretrained {directory}"
+        f"mortred_twisted.models.pretrained {directory}"
     )
 
 

@@ -31,7 +31,10 @@ import torch
 from PIL import Image as PILImage
 
 from mortred_twisted.model_api.base import InputDecodeError, Model, ModelLoadError
-from mortred_twisted.models.classification.weights import (
+from mortred_twisted.models.box_ops import nms
+from mortred_twisted.models.codec import decode_image
+from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.models.weights import (
     load_state,
     load_verified_checkpoint,
     option,
@@ -39,10 +42,7 @@ from mortred_twisted.models.classification.weights import (
     resolve_device,
     resolve_path,
 )
-from mortred_twisted.models.codec import decode_image
-from mortred_twisted.models.detection.network import YoloV8, decode
-from mortred_twisted.models.detection.ops import nms
-from mortred_twisted.models.schemas import DETECTION_OUTPUT
+from mortred_twisted.models.yolov8.network import YoloV8, decode
 from mortred_twisted.sdk import Context, Image, Input, ServedModel
 
 MODEL_TYPE = "YOLOV8"

@@ -1,1 +1,0 @@
-"""Perception family: see docs/models/perception.md (torch is imported only by its modules)."""
