@@ -41,6 +41,7 @@ the injected thread runner.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -49,7 +50,8 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -63,6 +65,10 @@ log = Logger()
 MAX_NAME = 200
 _SAFE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # fullmatch: no "\n" before $
 _META = ".meta"
+#: the attempt whose files a job keeps, and the job's lock file (never served:
+#: names with a leading dot are not file names)
+_ATTEMPT = ".attempt"
+_LOCK = ".lock"
 #: locks that keep a put's bytes and sidecar together (striped by name)
 _PUT_LOCKS = 32
 #: job ids whose states one store read asks for (one pipeline on Redis)
@@ -70,6 +76,11 @@ SWEEP_BATCH = 256
 #: state reads per sweep pass (a pass lists ``SWEEP_BATCH * SWEEP_BATCHES`` job ids
 #: once): enough to keep up with ~400 jobs/s at the 10 s upkeep tick
 SWEEP_BATCHES = 16
+
+
+class Superseded(RuntimeError):
+    """A put of a run whose job a later attempt claimed (the run lost its lease):
+    its file is not written."""
 
 
 class BadFileName(ValueError):
@@ -194,17 +205,57 @@ class DirectoryResultFiles:
         check_name(job_id, "job id")
         return JobFiles(self, job_id)
 
-    def put(self, job_id: str, name: str, data: bytes, content_type: str) -> StoredFile:
-        """Store ``data`` as ``name`` of ``job_id`` (atomically; see the module)."""
+    @contextlib.contextmanager
+    def _job_lock(self, directory: str) -> Iterator[None]:
+        """The job's lock across processes (``flock`` on ``<job>/.lock``): an
+        attempt's claim and every put of an attempt, one at a time."""
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def claim(self, job_id: str, attempt: str) -> None:
+        """Make ``attempt`` the one run whose files ``job_id`` keeps: under the
+        job's lock, record it (``<job>/.attempt``) and remove what earlier attempts
+        left. From then on an earlier attempt's :meth:`put` raises
+        :class:`Superseded` (it lost its lease: its files must never replace
+        this attempt's)."""
+        directory = self._job_dir(job_id)
+        with self._job_lock(directory):
+            _write_atomically(directory, _ATTEMPT, attempt.encode("ascii"))
+            self.clear(job_id, keep=(_ATTEMPT, _LOCK))
+
+    def put(
+        self, job_id: str, name: str, data: bytes, content_type: str, attempt: str | None = None
+    ) -> StoredFile:
+        """Store ``data`` as ``name`` of ``job_id`` (atomically; see the module).
+        With ``attempt``: only while it is the job's claimed attempt (checked and
+        written under the job's lock), else :class:`Superseded`."""
         check_name(name)
         directory = self._job_dir(job_id)
+        if attempt is None:
+            return self._put(directory, name, data, content_type)
+        with self._job_lock(directory):
+            try:
+                with open(os.path.join(directory, _ATTEMPT), "rb") as f:
+                    current = f.read().decode("ascii", "replace")
+            except FileNotFoundError:
+                current = ""
+            if current != attempt:
+                raise Superseded(f"job {job_id}: attempt {attempt} was superseded")
+            return self._put(directory, name, data, content_type)
+
+    def _put(self, directory: str, name: str, data: bytes, content_type: str) -> StoredFile:
         os.makedirs(directory, exist_ok=True)
         digest = hashlib.sha256(data).hexdigest()
         meta = {"content_type": str(content_type), "size": len(data), "sha256": digest}
         sidecar = json.dumps(meta).encode("utf-8")
         # bytes and sidecar of one put, never of two (in process; puts of other
         # names go on in parallel: one lock of a few per name)
-        with self._locks[hash((job_id, name)) % len(self._locks)]:
+        with self._locks[hash((directory, name)) % len(self._locks)]:
             _write_atomically(directory, name, data)
             _write_atomically(directory, f".{name}{_META}", sidecar)
         _fsync_dir(directory)
@@ -253,7 +304,7 @@ class DirectoryResultFiles:
     def clear(self, job_id: str, keep: Iterable[str] = ()) -> None:
         """Remove what an earlier attempt of ``job_id`` left (all but ``keep``)."""
         directory = self._job_dir(job_id)
-        kept = set(keep) | {f".{k}{_META}" for k in keep}
+        kept = set(keep) | {f".{k}{_META}" for k in keep} | {_ATTEMPT, _LOCK}
         try:
             entries = os.listdir(directory)
         except FileNotFoundError:
@@ -365,7 +416,7 @@ class JobFiles:
     ``put`` on the worker thread). Its first put removes what an earlier attempt of
     the job left (a replica lost mid-run), so the job shows only this run's files."""
 
-    __slots__ = ("_files", "_lock", "_names", "job_id", "url_prefix")
+    __slots__ = ("_attempt", "_files", "_lock", "_names", "job_id", "url_prefix")
 
     def __init__(self, files: ResultFiles, job_id: str) -> None:
         self._files = files
@@ -373,13 +424,27 @@ class JobFiles:
         self.url_prefix = f"/jobs/{job_id}/files/"
         self._names: list[str] = []
         self._lock = threading.Lock()
+        #: this run's own token: a store that can claim a job for an attempt
+        #: (the directory store) refuses the puts of a run another one superseded
+        self._attempt = uuid.uuid4().hex if hasattr(files, "claim") else None
 
     def put(self, name: str, data: bytes, content_type: str) -> None:
+        """Store one file of this run; the first removes an earlier attempt's (and,
+        on the directory store, claims the job: from then on an earlier attempt's
+        put raises :class:`Superseded`, as this one does once a later attempt
+        claimed the job)."""
+        attempt = self._attempt
         with self._lock:
             if not self._names:
-                self._files.clear(self.job_id)
+                if attempt is None:
+                    self._files.clear(self.job_id)
+                else:
+                    self._files.claim(self.job_id, attempt)  # type: ignore[attr-defined]
             self._names.append(name)
-        self._files.put(self.job_id, name, data, content_type)
+        if attempt is None:
+            self._files.put(self.job_id, name, data, content_type)
+        else:
+            self._files.put(self.job_id, name, data, content_type, attempt)  # type: ignore[call-arg]
 
     @property
     def names(self) -> list[str]:

@@ -23,6 +23,7 @@ from mortred_twisted.stores.result_files import (
     DirectoryResultFiles,
     FileChanged,
     ResultFileSweeper,
+    Superseded,
     check_name,
     ledger_states,
     redis_states,
@@ -353,3 +354,55 @@ def test_a_killed_servers_result_folder_is_reclaimed_by_the_next(tmp_path: Path)
         assert not left[0].exists()
         own = [p for p in tmp_path.iterdir() if f"-{second.process.pid}-" in p.name]
         assert len(own) == 1
+
+
+def test_an_attempt_that_lost_its_lease_cannot_replace_the_new_attempts_files(
+    files: DirectoryResultFiles,
+) -> None:
+    """Issue 37.3: the first attempt of a job (its replica lost the lease mid-run)
+    goes on writing after the second attempt's first put cleared its files: its
+    puts are refused (Superseded) and the second attempt's files stay whole (before,
+    the stale write replaced ``b.png`` the new result names)."""
+    first = files.sink("job_1")
+    first.put("a.png", b"first-a", "image/png")
+    second = files.sink("job_1")
+    second.put("b.png", b"second-b", "image/png")
+    assert files.lookup("job_1", "a.png") is None  # the earlier attempt's, cleared
+    with pytest.raises(Superseded):
+        first.put("b.png", b"stale-b", "image/png")
+    with pytest.raises(Superseded):
+        first.put("c.png", b"stale-c", "image/png")
+    found = files.lookup("job_1", "b.png")
+    assert found is not None and files.read(found, 0, found.size) == b"second-b"
+    assert files.lookup("job_1", "c.png") is None
+    second.put("c.png", b"second-c", "image/png")  # the claimed attempt goes on
+    assert sorted(os.listdir(os.path.join(files.root, "job_1"))) == [
+        ".attempt",
+        ".b.png.meta",
+        ".c.png.meta",
+        ".lock",
+        "b.png",
+        "c.png",
+    ]
+
+
+def test_attempts_in_two_processes_are_serialised_by_the_job_lock(
+    files: DirectoryResultFiles,
+) -> None:
+    """The claim and an attempt's put take the job's flock: a put of a superseded
+    attempt in another process (replicas share the folder) is refused too."""
+    import subprocess
+    import sys
+
+    second = files.sink("job_2")
+    code = (
+        "import sys; from mortred_twisted.stores.result_files import "
+        "DirectoryResultFiles, Superseded\n"
+        "f = DirectoryResultFiles(sys.argv[1]); s = f.sink('job_2')\n"
+        "s.put('x.png', b'other', 'image/png')\n"
+    )
+    second.put("y.png", b"mine", "image/png")
+    subprocess.run([sys.executable, "-c", code, files.root], check=True)  # claims job_2
+    with pytest.raises(Superseded):
+        second.put("z.png", b"late", "image/png")
+    assert files.lookup("job_2", "y.png") is None and files.lookup("job_2", "x.png") is not None
