@@ -20,7 +20,9 @@ from typing import Any
 Handler = Callable[..., Any]
 
 #: The Klein route labels the matcher serves (``ModelServerApp``'s ``add`` labels).
-HOT_LABELS = ("infer", "jobs_submit", "jobs_status", "jobs_wait", "jobs_result")
+HOT_LABELS = (
+    "infer", "jobs_submit", "jobs_status", "jobs_wait", "jobs_result", "openai_images",
+)  # fmt: skip
 
 
 class HotRoutes:
@@ -33,6 +35,7 @@ class HotRoutes:
         self._status = handlers["jobs_status"]
         self._wait = handlers["jobs_wait"]
         self._result = handlers["jobs_result"]
+        self._openai_images = handlers.get("openai_images")  # a front door's submit
 
     def serves(self, method: bytes, path: bytes) -> bool:
         """Whether ``method path`` (no query) is a hot route: a head that names one
@@ -51,6 +54,8 @@ class HotRoutes:
                 return self._submit, {}
             if path == self._infer_path:
                 return self._infer, {}
+            if path == b"/v1/images/generations" and self._openai_images is not None:
+                return self._openai_images, {}
             return None
         if method != b"GET" or not path.startswith(b"/jobs/"):
             return None
