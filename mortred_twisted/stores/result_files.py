@@ -50,6 +50,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -168,6 +169,15 @@ def _write_atomically(directory: str, name: str, data: bytes) -> None:
         raise
 
 
+def _claimed(directory: str) -> str:
+    """The attempt token a job's folder records ("" if none)."""
+    try:
+        with open(os.path.join(directory, _ATTEMPT), "rb") as f:
+            return f.read(200).decode("ascii", "replace")
+    except FileNotFoundError:
+        return ""
+
+
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -222,11 +232,17 @@ class DirectoryResultFiles:
         job's lock, record it (``<job>/.attempt``) and remove what earlier attempts
         left. From then on an earlier attempt's :meth:`put` raises
         :class:`Superseded` (it lost its lease: its files must never replace
-        this attempt's)."""
+        this attempt's). Attempts are ordered by their token (its start time
+        first, :class:`JobFiles`): a claim older than the recorded one is itself
+        :class:`Superseded` (a stale run whose first file came late)."""
         directory = self._job_dir(job_id)
         with self._job_lock(directory):
-            _write_atomically(directory, _ATTEMPT, attempt.encode("ascii"))
-            self.clear(job_id, keep=(_ATTEMPT, _LOCK))
+            current = _claimed(directory)
+            if current > attempt:
+                raise Superseded(f"job {job_id}: attempt {attempt} was superseded")
+            if current != attempt:
+                _write_atomically(directory, _ATTEMPT, attempt.encode("ascii"))
+                self.clear(job_id, keep=(_ATTEMPT, _LOCK))
 
     def put(
         self, job_id: str, name: str, data: bytes, content_type: str, attempt: str | None = None
@@ -239,12 +255,7 @@ class DirectoryResultFiles:
         if attempt is None:
             return self._put(directory, name, data, content_type)
         with self._job_lock(directory):
-            try:
-                with open(os.path.join(directory, _ATTEMPT), "rb") as f:
-                    current = f.read().decode("ascii", "replace")
-            except FileNotFoundError:
-                current = ""
-            if current != attempt:
+            if _claimed(directory) != attempt:
                 raise Superseded(f"job {job_id}: attempt {attempt} was superseded")
             return self._put(directory, name, data, content_type)
 
@@ -424,9 +435,14 @@ class JobFiles:
         self.url_prefix = f"/jobs/{job_id}/files/"
         self._names: list[str] = []
         self._lock = threading.Lock()
-        #: this run's own token: a store that can claim a job for an attempt
-        #: (the directory store) refuses the puts of a run another one superseded
-        self._attempt = uuid.uuid4().hex if hasattr(files, "claim") else None
+        #: this run's own token, ordered by when the run started (the sink is made
+        #: as it starts, after the job store gave it the job): a store that can
+        #: claim a job for an attempt (the directory store) refuses the puts of a
+        #: run a later one superseded. Across replicas the order is their clocks'
+        #: (a lease outlives any sane skew).
+        self._attempt = (
+            f"{time.time_ns():020d}-{uuid.uuid4().hex}" if hasattr(files, "claim") else None
+        )
 
     def put(self, name: str, data: bytes, content_type: str) -> None:
         """Store one file of this run; the first removes an earlier attempt's (and,

@@ -386,6 +386,20 @@ def test_an_attempt_that_lost_its_lease_cannot_replace_the_new_attempts_files(
     ]
 
 
+def test_a_stale_attempts_first_file_after_the_new_claim_is_refused(
+    files: DirectoryResultFiles,
+) -> None:
+    """Attempts are ordered by when their run started (their sink): the stale
+    attempt's first put, late, cannot claim the job back from the newer one."""
+    stale = files.sink("job_3")
+    newer = files.sink("job_3")
+    newer.put("b.png", b"newer-b", "image/png")
+    with pytest.raises(Superseded):
+        stale.put("b.png", b"stale-b", "image/png")
+    found = files.lookup("job_3", "b.png")
+    assert found is not None and files.read(found, 0, found.size) == b"newer-b"
+
+
 def test_attempts_in_two_processes_are_serialised_by_the_job_lock(
     files: DirectoryResultFiles,
 ) -> None:
