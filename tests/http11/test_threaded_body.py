@@ -76,12 +76,18 @@ class App:
         return self.body.start().addErrback(unavailable)
 
 
+FACTORIES: dict[int, HTTPServerFactory] = {}
+
+
 @pytest.fixture
 def server() -> Iterator[tuple[App, int]]:
     app = App()
     factory = HTTPServerFactory(app, clock=reactor, max_body_bytes=1000)
     port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    yield app, port.getHost().port
+    number = port.getHost().port
+    FACTORIES[number] = factory
+    yield app, number
+    FACTORIES.pop(number, None)
     port.stopListening()
 
 
@@ -230,6 +236,30 @@ async def test_a_source_that_fails_before_the_head_is_answered_by_the_app(
     assert head.startswith(b"HTTP/1.1 503 ")
     assert b"Content-Length: 17" in head and body == b"store unavailable"
     await until(app.source.closed.is_set, "the source closed")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_drain_lets_a_download_finish_then_closes(server: tuple[App, int]) -> None:
+    """SIGTERM's drain ends an event stream at once, but a length-framed answer is
+    let finish (cutting it would waste the download): every byte, then the close."""
+    app, port = server
+    app.source = Source(SIZE)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    try:
+        get(sock)
+        head, rest = await threads.deferToThread(head_and_rest, sock)
+        await until(lambda: app.body is not None and app.body._paused, "the producer paused")
+        drained = FACTORIES[port].drain()
+        assert not drained.called
+        body = await threads.deferToThread(read_n, sock, rest, SIZE)
+        assert len(body) == SIZE and body == pattern(0, SIZE)
+        assert b"Connection: close" not in head  # decided before the drain
+        assert await threads.deferToThread(sock.recv, 1) == b""  # then closed
+        await drained
+    finally:
+        sock.close()
 
 
 def test_declare_length_none_takes_the_declaration_back() -> None:
