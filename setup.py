@@ -71,6 +71,10 @@ setup(
             "hypothesis>=6.100",
             "scikit-learn>=1.4",
             "ruff>=0.6",
+            # tests/deploy: Kubernetes' schemas (bundled, offline) and KEDA's CRD models
+            "kubernetes-validate==1.37.0",
+            "cloudcoil==0.6.0",
+            "cloudcoil-models-keda==2.16.1.0",
             # the real clients of the protocol doors (tests/protocols, docs/protocols.md)
             "openai==3.63.0",
             # + requirements/s3-test.txt (the S3 server of the result-file tests,
