@@ -33,6 +33,7 @@ from mortred_twisted.config.control import (
     with_overrides,
 )
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.gateway.access import NO_INTERNAL_TOKEN, AccessPolicy, check_startup
 from mortred_twisted.gateway.apikeys import load_keys
 from mortred_twisted.gateway.cold_start import ColdStart, supervisor_wake
@@ -291,6 +292,7 @@ def makeService(options: Options) -> service.IService:
     from twisted.internet import reactor
 
     try:
+        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         return build_service(options, reactor, dict(os.environ))
     except Exception as exc:  # startup errors: one clear line, non-zero exit
         print(f"mortred-gateway: {exc}", file=sys.stderr)

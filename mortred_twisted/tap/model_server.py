@@ -36,6 +36,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.config.server import ServerConfig, load_server_config
 from mortred_twisted.http.model_port import ModelPortFactory
 from mortred_twisted.http.model_server import ModelServerApp
@@ -327,6 +328,7 @@ def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     try:
+        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         config = load_server_config(options["config"])
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)

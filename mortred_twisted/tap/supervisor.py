@@ -40,6 +40,7 @@ from twisted.web.client import Agent
 from mortred_twisted.config.catalog import Catalog, CatalogEntry, build_catalog
 from mortred_twisted.config.control import ControlConfig, load_control_config, with_overrides
 from mortred_twisted.config.errors import ConfigErrors
+from mortred_twisted.config.secret_files import apply_secret_files
 from mortred_twisted.config.server import redis_address
 from mortred_twisted.http.supervisor_api import SupervisorApi
 from mortred_twisted.http11.auth import is_loopback_host
@@ -428,6 +429,7 @@ def makeService(options: Options) -> service.IService:
     from twisted.internet import reactor
 
     try:
+        apply_secret_files(os.environ)  # <NAME>_FILE secrets, before anything reads them
         return build_service(options, reactor, dict(os.environ))
     except (usage.UsageError, ConfigErrors) as exc:
         print(f"mortred-supervisor: {exc}", file=sys.stderr)
