@@ -138,11 +138,13 @@ def wait_for(what: str, condition: Callable[[], Any], deadline_s: float = 120.0)
     last: Any = None
     while time.monotonic() < end:
         try:
-            last = condition()
+            found = condition()
         except (OSError, urllib.error.URLError, ValueError) as exc:
-            last = exc
-        if last:
-            return last
+            last = exc  # not yet (refused, reset, not JSON yet): keep polling
+        else:
+            if found:
+                return found
+            last = found
         time.sleep(0.2)
     raise AssertionError(f"timed out after {deadline_s} s waiting for {what} (last: {last!r})")
 
