@@ -45,6 +45,12 @@ class ModelError(Exception):
     """Base class of errors a model raises on purpose."""
 
 
+class SamplingDiverged(ModelError):
+    """A sampler's run turned NaN or infinite: that run fails, its batch mates go on
+    (both step engines raise it: ``models/diffusion/batching``,
+    ``models/diffusers_pipelines/prompt_batch``)."""
+
+
 class InvalidRequest(ModelError):
     """The envelope parsed but is not valid for this model (HTTP 422, code 52)."""
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from mortred_twisted.model_api.base import ModelError
+from mortred_twisted.model_api.base import SamplingDiverged
 from mortred_twisted.models.diffusers_pipelines import sampling
 from mortred_twisted.sdk import Context
 
@@ -65,10 +65,6 @@ class TextModel(Protocol):
     def unet_rows(self, x: Any, t: Any, emb: Any) -> Any: ...
 
     def preview_images(self, latents: Any) -> list[Any]: ...
-
-
-class SamplingDiverged(ModelError):
-    """A run's latents turned NaN or infinite (that run fails; its batch mates go on)."""
 
 
 @dataclass(eq=False)

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from mortred_twisted.model_api.base import ModelError
+from mortred_twisted.model_api.base import SamplingDiverged
 from mortred_twisted.models.diffusion import schedulers
 
 if TYPE_CHECKING:
@@ -98,10 +98,6 @@ SHARED_STEP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "DPMSolverMultistepScheduler": (("model_outputs",), ("lower_order_nums", "_step_index")),
 }
 _NOISE_FREE = frozenset({"dpmsolver++", "dpmsolver"})
-
-
-class SamplingDiverged(ModelError):
-    """A run's latents turned NaN or infinite (that run fails; its batch mates go on)."""
 
 
 @dataclass(eq=False)
