@@ -77,6 +77,7 @@ setup(
             "cloudcoil-models-keda==2.16.1.0",
             # the real clients of the protocol doors (tests/protocols, docs/protocols.md)
             "openai==3.63.0",
+            "tritonclient[http]==2.73.0",
             # + requirements/s3-test.txt (the S3 server of the result-file tests,
             # pinned by hash, which an extra cannot do; `make install` installs it)
         ],

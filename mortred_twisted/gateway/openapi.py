@@ -62,7 +62,21 @@ def public_path(path: str, model_id: str, server_uri: str) -> str | None:
         return base + path
     if path.startswith("/v1/"):  # the OpenAI door (docs/protocols.md)
         return base + "/openai" + path
+    if path == "/v2" or path.startswith("/v2/"):  # the OIP door (docs/protocols.md):
+        return base + "/oip" + path.replace("{model}", quote(model_id, safe=""))  # one model
     return None
+
+
+def _fixed_model(op: Any, path: str, public: str) -> Any:
+    """``op`` less its ``model`` path parameter when the public path names the model."""
+    if "{model}" not in path or "{model}" in public or not isinstance(op, dict):
+        return op
+    params = [
+        p
+        for p in op.get("parameters", ())
+        if not (isinstance(p, dict) and p.get("name") == "model" and p.get("in") == "path")
+    ]
+    return {**op, "parameters": params}
 
 
 def public_openapi(body: bytes, model_id: str, server_uri: str, secured: bool) -> bytes:
@@ -81,7 +95,8 @@ def public_openapi(body: bytes, model_id: str, server_uri: str, secured: bool) -
         public = public_path(path, model_id, server_uri) if isinstance(path, str) else None
         if public is None or path in _MODEL_PORT_ONLY or not isinstance(item, dict):
             continue
-        paths[public] = {m: _secure(op, secured) for m, op in item.items()}
+        paths[public] = {m: _secure(_fixed_model(op, path, public), secured)
+                         for m, op in item.items()}  # fmt: skip
     doc["paths"] = paths
     info = doc.get("info")
     if isinstance(info, dict):

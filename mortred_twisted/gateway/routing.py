@@ -74,6 +74,8 @@ class RouteKind(enum.Enum):
     OPENAPI = "openapi"
     OPENAI_IMAGES = "openai_images"  # /v1/models/<id>/openai/v1/images/generations
     OPENAI_MODELS = "openai_models"  # /v1/models/<id>/openai/v1/models
+    OIP_READ = "oip_read"  # /v1/models/<id>/oip/v2[/health/*|/models/<m>[/ready]]
+    OIP_INFER = "oip_infer"  # /v1/models/<id>/oip/v2/models/<m>/infer
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -91,6 +93,8 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.OPENAPI: {"GET": RouteKind.OPENAPI},
     RouteKind.OPENAI_IMAGES: {"POST": RouteKind.OPENAI_IMAGES},
     RouteKind.OPENAI_MODELS: {"GET": RouteKind.OPENAI_MODELS},
+    RouteKind.OIP_READ: {"GET": RouteKind.OIP_READ},
+    RouteKind.OIP_INFER: {"POST": RouteKind.OIP_INFER},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -107,7 +111,7 @@ class Match:
     kind: RouteKind
     model_id: str
     job_id: str | None = None
-    file: str | None = None  # a result file's name (RouteKind.FILE)
+    file: str | None = None  # a result file's name (FILE), the model port's path (OIP_*)
 
 
 #: Seconds an upstream that refused a connection is skipped (while others remain).
@@ -251,6 +255,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
             if rest[2:] == ["models"]:
                 return Match(RouteKind.OPENAI_MODELS, model_id)
             return None
+        if rest[:2] == ["oip", "v2"]:  # the Open Inference Protocol door's base URL
+            return _oip_match(model_id, rest[1:])
         if len(rest) >= 2 and rest[0] == "jobs" and rest[1]:
             job = rest[1]
             if len(rest) == 2:
@@ -267,6 +273,22 @@ def match(path: str, catalog: Catalog) -> Match | None:
     entry = catalog.by_uri(path)
     if entry is not None:
         return Match(RouteKind.LEGACY, entry.id)
+    return None
+
+
+def _oip_match(model_id: str, rest: list[str]) -> Match | None:
+    """The OIP paths the door serves (``rest`` starts with ``v2``); the model port
+    path is kept in ``file`` (each segment a safe one: it is forwarded as is)."""
+    if not all(_SAFE_SEGMENT.match(part) for part in rest):
+        return None
+    path = "/" + "/".join(rest)
+    if rest in (["v2"], ["v2", "health", "live"], ["v2", "health", "ready"]):
+        return Match(RouteKind.OIP_READ, model_id, file=path)
+    if len(rest) >= 3 and rest[1] == "models":
+        if len(rest) == 3 or rest[3:] == ["ready"]:
+            return Match(RouteKind.OIP_READ, model_id, file=path)
+        if rest[3:] == ["infer"]:
+            return Match(RouteKind.OIP_INFER, model_id, file=path)
     return None
 
 
@@ -327,6 +349,8 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, "/v1/images/generations")
     if m.kind is RouteKind.OPENAI_MODELS:
         return Route(m.kind, entry, "/v1/models")
+    if m.kind is RouteKind.OIP_READ or m.kind is RouteKind.OIP_INFER:
+        return Route(m.kind, entry, m.file or "/v2")
     if m.kind is RouteKind.LIST:
         forwarded = list_query(query) if query else ""
         return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))

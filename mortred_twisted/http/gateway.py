@@ -109,6 +109,7 @@ _FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
 _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
     RouteKind.OPENAI_IMAGES: b"idempotency-key",
+    RouteKind.OIP_INFER: b"inference-header-content-length",  # its binary mode
     RouteKind.EVENTS: b"last-event-id",
 }
 #: ... and a submit's or sync call's ``Prefer`` (``return=inline``: result files inline).
@@ -128,15 +129,19 @@ _JOB_ROUTES = frozenset(
         RouteKind.QUEUE,
         RouteKind.FILE,
         RouteKind.OPENAI_IMAGES,  # a submit through the OpenAI door
+        RouteKind.OIP_INFER,  # and through the OIP door
     }
 )
 #: Routes that send the caller's fair-share terms (fair_share.py) with its principal.
-_TERMS_ROUTES = frozenset({RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES})
+_TERMS_ROUTES = frozenset(
+    {RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES, RouteKind.OIP_INFER}
+)
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
 #: the only routes that take a body (any other answers one 413 from the head).
 _JSON_BODY = frozenset(
-    {RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY, RouteKind.OPENAI_IMAGES}
-)
+    {RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY, RouteKind.OPENAI_IMAGES,
+     RouteKind.OIP_INFER}
+)  # fmt: skip
 #: Routes that may also take a ``multipart/form-data`` submit (the model port decides:
 #: an SDK model takes it, a built-in family answers 415).
 _FORM_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT})
@@ -306,7 +311,9 @@ class GatewayApp:
             label = route.kind.value
             return self._error(request, 413, f"{label} takes no request body", label)
         content_type = request.getHeader(b"content-type")
-        if not is_json_content_type(content_type) and not (
+        if route.kind is RouteKind.OIP_INFER:  # JSON or binary tensors, typed or not
+            pass
+        elif not is_json_content_type(content_type) and not (
             route.kind in _FORM_BODY and _is_form(content_type)
         ):
             return self._error(

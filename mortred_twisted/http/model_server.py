@@ -41,6 +41,7 @@ from mortred_twisted.http.hot_routes import HOT_LABELS, HotRoutes
 from mortred_twisted.http.job_files import INLINE_APPLIED, JobFileRoutes, inline_applied
 from mortred_twisted.http.job_routes import JobRoutes
 from mortred_twisted.http.openapi import build_openapi
+from mortred_twisted.http.protocols.oip_routes import OipRoutes
 from mortred_twisted.http.protocols.openai_routes import OpenAIImagesRoutes
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
@@ -109,6 +110,13 @@ class ModelServerApp:
         self.openai = OpenAIImagesRoutes(jobs)
         add("/v1/images/generations", ("POST",), "openai_images", self.openai.generations)
         add("/v1/models", ("GET",), "openai_models", self.openai.models)
+        self.oip = OipRoutes(jobs)
+        add("/v2/health/live", ("GET",), "oip_live", self.oip.live)
+        add("/v2/health/ready", ("GET",), "oip_ready", self.oip.ready)
+        add("/v2", ("GET",), "oip_server", self.oip.server)
+        add("/v2/models/<model>", ("GET",), "oip_model", self.oip.model)
+        add("/v2/models/<model>/ready", ("GET",), "oip_model_ready", self.oip.model_ready)
+        add("/v2/models/<model>/infer", ("POST",), "oip_infer", self.oip.infer)
         self.checks.known_route = self.hot_routes().serves
         self.app.handle_errors(MethodNotAllowed)(self.checks.method_not_allowed)
         self.app.handle_errors(NotFound)(self.checks.not_found)

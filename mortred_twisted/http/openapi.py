@@ -269,6 +269,26 @@ def build_openapi(
             "responses": {"200": _json({"type": "object"}, "the list")},
         }
     }
+    oip = {"type": "object"}
+    for path, method, summary in (
+        ("/v2/health/live", "get", "Open Inference Protocol v2: live"),
+        ("/v2/health/ready", "get", "OIP v2: ready (503 until the model is loaded)"),
+        ("/v2", "get", "OIP v2: server metadata"),
+        ("/v2/models/{model}", "get", "OIP v2: the model's inputs and outputs as tensors"),
+        ("/v2/models/{model}/ready", "get", "OIP v2: model ready"),
+        ("/v2/models/{model}/infer", "post", "OIP v2: infer (JSON or binary tensors), "
+         "answered when the job ends (docs/protocols.md)"),
+    ):  # fmt: skip
+        operation: dict[str, Any] = {
+            "summary": summary,
+            "responses": {"200": _json(oip, "OIP answer"), "400": _json(oip, '{"error"}')},
+        }
+        if "{model}" in path:
+            operation["security"] = security
+            operation["parameters"] = [
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+            ]
+        paths[path] = {method: operation}
     param_props = {p.name: p.json_schema() for p in params}
     document: dict[str, Any] = {
         "openapi": "3.0.3",

@@ -186,7 +186,13 @@ class RequestChecks:
         if err is None and method.upper() != b"POST":  # only POST routes take a body
             err = ApiError(E.ENTITY_TOO_LARGE, "this route takes no request body")
         content_type = headers.getRawHeaders(b"content-type", [None])[0]
-        if err is None and method.upper() == b"POST" and not self.body_type_accepted(content_type):
+        takes_any = route_path.startswith(b"/v2/")  # OIP: JSON or binary, typed or not
+        if (
+            err is None
+            and method.upper() == b"POST"
+            and not takes_any
+            and not self.body_type_accepted(content_type)
+        ):
             err = self.unsupported_type()
         if err is None and length > self.config.request_size_limit_bytes:
             err = self.too_large()

@@ -26,7 +26,8 @@ def model_document() -> dict:
 
 
 def _fill(template: str) -> str:
-    return template.replace("{job_id}", "job_known").replace("{name}", "out.png")
+    filled = template.replace("{job_id}", "job_known").replace("{name}", "out.png")
+    return filled.replace("{model}", "ASYNC")  # the OIP door: one model per base URL
 
 
 def test_the_gateway_serves_the_document_with_the_paths_a_client_calls_there() -> None:

@@ -107,3 +107,35 @@ def test_respond_async_and_idempotency_are_per_key(plane: ControlPlane) -> None:
         assert headers["location"] == doc["poll_url"]
         jobs.setdefault(who, set()).add(doc["job_id"])
     assert len(jobs["alice"]) == 1 and jobs["alice"] != jobs["bob"]  # replayed per key
+
+
+def test_the_oip_door_through_the_gateway(plane: ControlPlane) -> None:
+    """tritonclient with the gateway's per-model base path and an API key: metadata,
+    ready and a binary-mode infer reach TXT2IMG; no key is a 401 (health included:
+    through the gateway every route takes the key)."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    import numpy as np
+
+    url = f"127.0.0.1:{plane.gw_port}/v1/models/{MODEL}/oip"
+    client = httpclient.InferenceServerClient(url=url)
+    assert not client.is_server_live()  # the gateway takes the key on every route
+    assert client.is_server_live(headers={"Authorization": "Bearer alice-key"})
+    assert client.is_model_ready(MODEL, headers={"Authorization": "Bearer alice-key"})
+    meta = client.get_model_metadata(MODEL, headers={"Authorization": "Bearer alice-key"})
+    assert {i["name"] for i in meta["inputs"]} >= {"prompt", "num_images", "seed"}
+    inputs = []
+    for name, value, datatype in (
+        ("prompt", np.array([b"a dot"], dtype=np.object_), "BYTES"),
+        ("sample_steps", np.array([2], dtype=np.int64), "INT64"),
+    ):
+        t = httpclient.InferInput(name, [1], datatype)
+        t.set_data_from_numpy(value, binary_data=True)
+        inputs.append(t)
+    wanted = [httpclient.InferRequestedOutput("images", binary_data=True)]
+    result = client.infer(
+        MODEL, inputs, outputs=wanted, headers={"Authorization": "Bearer alice-key"}
+    )
+    (picture,) = result.as_numpy("images")
+    assert Image.open(io.BytesIO(picture)).size == (32, 32)
+    with pytest.raises(Exception, match="unauthorized"):
+        client.get_model_metadata(MODEL)

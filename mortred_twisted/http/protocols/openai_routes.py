@@ -17,11 +17,11 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred
 from twisted.web.iweb import IRequest
 
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.fair_share import check_priority
+from mortred_twisted.http.protocols.held import hold_until_done
 from mortred_twisted.http.protocols.openai_images import (
     ImagesAsk,
     OpenAIError,
@@ -36,7 +36,6 @@ from mortred_twisted.http.protocols.submission import Answer, Submission
 from mortred_twisted.http.responder import is_json_content_type, json_bytes
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, submission_fingerprint
 from mortred_twisted.jobs.states import JobState
-from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import Admission, ResultLookup
 from mortred_twisted.model_api.base import InferenceRequest, InvalidRequest
 
@@ -164,41 +163,10 @@ class OpenAIImagesRoutes:
         headers: dict[str, str],
     ) -> Any:  # fmt: skip
         """Hold the request until the job ends, then answer its pictures; a client
-        that leaves first (the connection cancels this Deferred) cancels the job."""
-        rt = self.runtime
-        waiting = rt.counters.counter(job_id, 1)
-        if rt.store.shared:  # it may have ended elsewhere before the counter
-            then(rt.store.snapshot(job_id), lambda s: self._ended(job_id, s)).addErrback(
-                lambda _f: None
-            )
-        else:
-            snap = rt.store.snapshot(job_id)  # a replay of a job that already ended
-            self._ended(job_id, snap)
-
-        def answer(_name: Any) -> Any:
-            lookup = rt.store.take_result(job_id)
-            return then(lookup, lambda found: self._answer(request, found, ask, req_id, headers))
-
-        def left(failure: Any) -> Any:
-            failure.trap(CancelledError)
-            self._cancel(job_id)
-            return failure
-
-        out: Deferred[Any] = waiting.addCallbacks(answer, left)
-        return out
-
-    def _ended(self, job_id: str, snap: Any) -> None:
-        if snap is not None and snap.terminal:
-            self.runtime.counters.count_by_name(job_id, None)
-
-    def _cancel(self, job_id: str) -> None:
-        """Cancel ``job_id`` for a client that left (what ``DELETE /jobs/{id}`` does)."""
-        answer = then(
-            self.runtime.store.cancel(job_id),
-            lambda out: self.jobs.cancel_effects(job_id, out[0]),
+        that leaves first cancels the job (:func:`hold_until_done`)."""
+        return hold_until_done(
+            self.jobs, job_id, lambda found: self._answer(request, found, ask, req_id, headers)
         )
-        if isinstance(answer, Deferred):
-            answer.addErrback(lambda _f: None)
 
     def _answer(
         self, request: IRequest, lookup: ResultLookup, ask: ImagesAsk, req_id: str,
