@@ -148,10 +148,8 @@ train-txt2img: install
 	$(PY) -m training.txt2img.train_pipeline unet --seed 0 --threads 1 --train-images 20000 --batch 64 --lr 0.001 --steps 5156 --stop-after 5156 --max-minutes 0
 
 eval-txt2img: install
-	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --grid docs/img/txt2img_grid.png
-	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --guidance 3
-	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --guidance 7
-	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --scheduler dpmsolver++ --steps 20
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --served --grid docs/img/txt2img_grid.png
+	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --no-controls --guidance 5
 
 train-perception: install
 	$(PY) -m training.perception.train_mobilenetv2

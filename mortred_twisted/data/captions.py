@@ -53,6 +53,7 @@ MIN_COLOUR_DISTANCE = 150
 COLOUR_JITTER = 12
 JITTER_PX = 2.0
 EXTENT_RANGE = (0.34, 0.44)
+SQUARE_HALF_SIDE = 0.85  # a square's half side over the circle's radius
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ def sample_attributes(rng: np.random.Generator) -> Attributes:
     return Attributes(shape=shape, colour=colour, position=position, background=background)
 
 
-def _place_centre(position: int, size: int) -> tuple[float, float]:
+def place_centre(position: int, size: int = 32) -> tuple[float, float]:
+    """The centre ``(x, y)`` in pixels of place ``position`` (before jitter)."""
     q = size / 4.0
     return {
         0: (q, q),
@@ -144,23 +146,39 @@ def render(attrs: Attributes, rng: np.random.Generator, size: int = 32) -> np.nd
     """Draw ``attrs`` as a ``(size, size, 3)`` uint8 picture (jitter drawn from ``rng``)."""
     bg = _jittered(COLOURS[COLOUR_NAMES[attrs.background]], rng)
     fg = _jittered(COLOURS[COLOUR_NAMES[attrs.colour]], rng)
-    cx, cy = _place_centre(attrs.position, size)
+    cx, cy = place_centre(attrs.position, size)
     cx += rng.uniform(-JITTER_PX, JITTER_PX)
     cy += rng.uniform(-JITTER_PX, JITTER_PX)
     r = rng.uniform(*EXTENT_RANGE) * size / 2.0
     canvas = Image.new("RGB", (size, size), bg)
-    draw = ImageDraw.Draw(canvas)
-    if attrs.shape == 0:
-        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fg)
-    elif attrs.shape == 1:
-        h = r * 0.85  # a square of the circle's area, about
-        draw.rectangle([cx - h, cy - h, cx + h, cy + h], fill=fg)
+    _draw_shape(ImageDraw.Draw(canvas), attrs.shape, cx, cy, r, fg)
+    return np.asarray(canvas, dtype=np.uint8).copy()
+
+
+def _draw_shape(
+    draw: ImageDraw.ImageDraw, shape: int, cx: float, cy: float, r: float, fill: object
+) -> None:
+    if shape == 0:
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == 1:
+        h = r * SQUARE_HALF_SIDE  # a square of the circle's area, about
+        draw.rectangle([cx - h, cy - h, cx + h, cy + h], fill=fill)
     else:  # upright triangle, apex up
         draw.polygon(
             [(cx, cy - r), (cx + r * 0.95, cy + r * 0.75), (cx - r * 0.95, cy + r * 0.75)],
-            fill=fg,
+            fill=fill,
         )
-    return np.asarray(canvas, dtype=np.uint8).copy()
+
+
+def shape_mask(shape: int, cx: float, cy: float, r: float, size: int = 32) -> np.ndarray:
+    """The ``(size, size)`` bool mask :func:`render` fills for ``shape`` at ``(cx, cy)``, ``r``.
+
+    The same rasteriser call as :func:`render` (one geometry, no copy that drifts): a
+    picture rendered with these parameters has its shape's colour exactly on this mask.
+    """
+    canvas = Image.new("L", (size, size), 0)
+    _draw_shape(ImageDraw.Draw(canvas), shape, cx, cy, r, 255)
+    return np.asarray(canvas) > 0
 
 
 def make_captioned(rng: np.random.Generator, size: int = 32) -> tuple[np.ndarray, Attributes]:
