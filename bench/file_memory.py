@@ -14,7 +14,7 @@ give a ``git worktree`` of another commit to compare, e.g. ``/tmp/base``). Then:
    file, read 1 MiB and stop reading; the RSS is taken once neither process grew for
    a second (at most ``--settle`` s);
 3. they close; RSS again once it stopped shrinking;
-4. the same with the clients on the model port directly;
+4. the same with the clients on the model port directly (``--rounds`` times both);
 5. throughput of one whole download, direct and through the gateway, against
    ``cat`` of a file of the same size (page cache warm) to ``/dev/null``.
 
@@ -175,6 +175,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=16)
     parser.add_argument("--root", type=Path, default=HERE.parent)
     parser.add_argument("--settle", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run both scenarios this many times (a leak grows, a "
+                        "reused allocation does not)")  # fmt: skip
     args = parser.parse_args()
     root = args.root.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="bench-files-"))
@@ -216,10 +219,11 @@ def main() -> None:
         assert size == args.mb << 20, size
         rows = []
         pids = [model_pid, gw_pid]
-        for label, port, path, token in (
+        scenarios = (
             ("through the gateway", gw_port, via_gw, TOKEN),
             ("on the model port", model_port, direct, INTERNAL),
-        ):
+        )
+        for label, port, path, token in scenarios * args.rounds:
             base = settled(pids, args.settle)
             readers = [slow_reader(port, path, token, 1 << 20) for _ in range(args.readers)]
             during = settled(pids, args.settle)

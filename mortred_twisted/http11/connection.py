@@ -701,8 +701,24 @@ class HTTPConnection(Protocol):
         self._released_all = True
         self.factory.address_closed(self._address)
         self.factory.forget(self)
+        self._drop_unsent()
         pending, self._pending = self._pending, None
         if pending is not None:
             # Also when it already fired and waits on another Deferred (a stream's
             # end): cancel() is forwarded to that one.
             pending.cancel()
+        self._current = None
+
+    def _drop_unsent(self) -> None:
+        """Free now what Twisted still held for the client (it will never take it):
+        a slow reader's last answer pieces would otherwise wait for the cyclic GC
+        (connection, request and producer refer to each other). Twisted's
+        ``FileDescriptor`` write buffer, as :meth:`_taken` reads it."""
+        transport = self.transport
+        if getattr(transport, "dataBuffer", None) is None:
+            return
+        transport.dataBuffer = b""
+        transport.offset = 0
+        if hasattr(transport, "_tempDataBuffer"):
+            transport._tempDataBuffer = []
+            transport._tempDataLen = 0

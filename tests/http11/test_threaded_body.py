@@ -63,9 +63,11 @@ class App:
     def __init__(self) -> None:
         self.source: Source | None = None
         self.body: ThreadedBody | None = None
+        self.channel: Any = None
 
     def dispatch(self, request: ServerRequest) -> Any:
         assert self.source is not None
+        self.channel = request.channel
         self.body = ThreadedBody(request, self.source, SIZE, threads.deferToThread)
 
         def unavailable(failure: Any) -> bytes:
@@ -187,8 +189,13 @@ async def test_a_client_that_leaves_stops_the_reading_and_closes_the_source(
     get(sock)
     await threads.deferToThread(head_and_rest, sock)
     await until(lambda: app.body is not None and app.body._paused, "the producer paused")
+    transport = app.channel.transport
+    assert len(transport.dataBuffer) + transport._tempDataLen > 0  # Twisted holds a part
     sock.close()
     await until(source.closed.is_set, "the source closed")
+    # what the client will never take is freed at once, not when the GC finds the
+    # connection's cycles
+    assert transport.dataBuffer == b"" and transport._tempDataBuffer == []
     assert source.pos < SIZE
     assert app.body is not None and app.body.done.called  # no read is asked for again
 
