@@ -121,3 +121,23 @@ def test_malformed_pictures_are_refused(bad: np.ndarray) -> None:
 def test_one_label_per_picture() -> None:
     with pytest.raises(ValueError):
         judge_pictures(np.zeros((2, 32, 32, 3), np.uint8), np.zeros((3, 4), np.int64))
+
+
+def test_pictures_from_the_empty_prompt_score_near_zero() -> None:
+    """The shipped pipeline without a prompt draws shapes, but not the ones asked for."""
+    from pathlib import Path
+
+    import torch
+
+    from training.txt2img import common
+    from training.txt2img.eval_txt2img import generate, load_pipeline
+
+    if not (Path(common.PIPELINE_DIR) / "model_index.json").is_file():
+        pytest.skip("weights/txt2img is not trained yet")
+    torch.set_num_threads(1)
+    pipe = load_pipeline(common.PIPELINE_DIR, "dpmsolver++")
+    _, labels, _ = caption_split("eval", 24)
+    empty = generate(pipe, [""] * 24, steps=10, guidance=1.0, seed=5, batch=24)
+    row = judge_pictures(empty.numpy(), labels)
+    assert row["all_four"] <= 1 / 24 and row["colour"] <= 0.5 and row["background"] <= 0.5
+    assert row["fail: no shape"] == 0.0  # it does draw a shape: the fails are the prompt's
