@@ -58,6 +58,7 @@ from mortred_twisted.model_api.base import (
     RunCancelled,
     RunContext,
 )
+from mortred_twisted.sdk.media import UnreadableImage
 
 POLL_S = 0.05
 START_TIMEOUT_S = 300.0
@@ -76,6 +77,12 @@ class RemoteModelError(RuntimeError):
 
 
 def _encode_error(exc: BaseException) -> tuple[str, str]:
+    """A worker's exception as (kind, text) for the pipe; ``_decode_error`` makes the
+    same class again on the server. An error that is both an InvalidRequest and an
+    InputDecodeError (the SDK's ``UnreadableImage``) keeps both, so the server answers
+    it as the in-process model does (400, code 3, the input named)."""
+    if isinstance(exc, InvalidRequest) and isinstance(exc, InputDecodeError):
+        return "unreadable", f"{exc.field}\x00{exc.message}"
     if isinstance(exc, InvalidRequest):
         return "invalid", f"{exc.field}\x00{exc.message}"
     if isinstance(exc, InputDecodeError):
@@ -86,6 +93,9 @@ def _encode_error(exc: BaseException) -> tuple[str, str]:
 
 
 def _decode_error(kind: str, message: str) -> BaseException:
+    if kind == "unreadable":
+        field, _, text = message.partition("\x00")
+        return UnreadableImage(field, text)
     if kind == "invalid":
         field, _, text = message.partition("\x00")
         return InvalidRequest(field, text)

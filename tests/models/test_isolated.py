@@ -113,3 +113,18 @@ def test_a_run_that_ignores_cancel_is_killed_after_the_grace_and_the_worker_resp
         assert json.loads(model.run(req(delay_ms=0), RunContext()))["steps"] >= 1
     finally:
         model.close()
+
+
+def test_an_unreadable_image_crosses_the_pipe_as_itself() -> None:
+    """The SDK's UnreadableImage is both an InvalidRequest and an InputDecodeError:
+    from a worker it comes back as both (400 code 3 naming the input, as in process),
+    where it used to come back as a plain 422 InvalidRequest."""
+    from mortred_twisted.http.errors import to_api_error
+    from mortred_twisted.models.isolated import _decode_error, _encode_error
+    from mortred_twisted.sdk.media import UnreadableImage
+
+    sent = UnreadableImage("params.image", "not a readable image (not a known image format)")
+    back = _decode_error(*_encode_error(sent))
+    assert type(back) is UnreadableImage
+    assert (back.field, back.message, str(back)) == (sent.field, sent.message, str(sent))
+    assert to_api_error(back) == to_api_error(sent)
