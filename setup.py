@@ -78,6 +78,7 @@ setup(
             # the real clients of the protocol doors (tests/protocols, docs/protocols.md)
             "openai==3.63.0",
             "tritonclient[http]==2.73.0",
+            "replicate==1.0.7",
             # + requirements/s3-test.txt (the S3 server of the result-file tests,
             # pinned by hash, which an extra cannot do; `make install` installs it)
         ],

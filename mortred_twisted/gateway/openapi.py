@@ -60,8 +60,10 @@ def public_path(path: str, model_id: str, server_uri: str) -> str | None:
         return base + path
     if path == "/queue" or path == "/openapi.json":
         return base + path
-    if path.startswith("/v1/"):  # the OpenAI door (docs/protocols.md)
+    if path in ("/v1/images/generations", "/v1/models"):  # the OpenAI door
         return base + "/openai" + path
+    if path.startswith(("/v1/predictions", "/v1/models/")):  # the Replicate door
+        return base + "/replicate" + path
     if path == "/v2" or path.startswith("/v2/"):  # the OIP door (docs/protocols.md):
         return base + "/oip" + path.replace("{model}", quote(model_id, safe=""))  # one model
     return None

@@ -76,6 +76,8 @@ class RouteKind(enum.Enum):
     OPENAI_MODELS = "openai_models"  # /v1/models/<id>/openai/v1/models
     OIP_READ = "oip_read"  # /v1/models/<id>/oip/v2[/health/*|/models/<m>[/ready]]
     OIP_INFER = "oip_infer"  # /v1/models/<id>/oip/v2/models/<m>/infer
+    REPLICATE_READ = "replicate_read"  # /v1/models/<id>/replicate/v1/… GET
+    REPLICATE_POST = "replicate_post"  # /v1/models/<id>/replicate/v1/… POST
 
 
 #: Per path shape (the kind :func:`match` returns for it): the route each allowed
@@ -95,6 +97,8 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.OPENAI_MODELS: {"GET": RouteKind.OPENAI_MODELS},
     RouteKind.OIP_READ: {"GET": RouteKind.OIP_READ},
     RouteKind.OIP_INFER: {"POST": RouteKind.OIP_INFER},
+    RouteKind.REPLICATE_READ: {"GET": RouteKind.REPLICATE_READ},
+    RouteKind.REPLICATE_POST: {"POST": RouteKind.REPLICATE_POST},
 }
 #: Methods allowed per path shape (the ``Allow`` of a 405), in that order.
 ALLOWED_METHODS: dict[RouteKind, tuple[str, ...]] = {
@@ -257,6 +261,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
             return None
         if rest[:2] == ["oip", "v2"]:  # the Open Inference Protocol door's base URL
             return _oip_match(model_id, rest[1:])
+        if rest[:2] == ["replicate", "v1"]:  # the Replicate door's base URL
+            return _replicate_match(model_id, rest[1:])
         if len(rest) >= 2 and rest[0] == "jobs" and rest[1]:
             job = rest[1]
             if len(rest) == 2:
@@ -289,6 +295,26 @@ def _oip_match(model_id: str, rest: list[str]) -> Match | None:
             return Match(RouteKind.OIP_READ, model_id, file=path)
         if rest[3:] == ["infer"]:
             return Match(RouteKind.OIP_INFER, model_id, file=path)
+    return None
+
+
+def _replicate_match(model_id: str, rest: list[str]) -> Match | None:
+    """The Replicate paths the door serves (``rest`` starts with ``v1``)."""
+    if not all(_SAFE_SEGMENT.match(part) for part in rest):
+        return None
+    path = "/" + "/".join(rest)
+    tail = rest[1:]
+    if tail == ["predictions"]:
+        return Match(RouteKind.REPLICATE_POST, model_id, file=path)
+    if len(tail) == 2 and tail[0] == "predictions":
+        return Match(RouteKind.REPLICATE_READ, model_id, file=path)
+    if len(tail) == 3 and tail[0] == "predictions" and tail[2] == "cancel":
+        return Match(RouteKind.REPLICATE_POST, model_id, file=path)
+    if len(tail) >= 3 and tail[0] == "models":
+        if len(tail) == 3 or (len(tail) == 5 and tail[3] == "versions"):
+            return Match(RouteKind.REPLICATE_READ, model_id, file=path)
+        if tail[3:] == ["predictions"]:
+            return Match(RouteKind.REPLICATE_POST, model_id, file=path)
     return None
 
 
@@ -349,8 +375,11 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, "/v1/images/generations")
     if m.kind is RouteKind.OPENAI_MODELS:
         return Route(m.kind, entry, "/v1/models")
-    if m.kind is RouteKind.OIP_READ or m.kind is RouteKind.OIP_INFER:
-        return Route(m.kind, entry, m.file or "/v2")
+    if m.kind in (
+        RouteKind.OIP_READ, RouteKind.OIP_INFER, RouteKind.REPLICATE_READ,
+        RouteKind.REPLICATE_POST,
+    ):  # fmt: skip
+        return Route(m.kind, entry, m.file or "/")
     if m.kind is RouteKind.LIST:
         forwarded = list_query(query) if query else ""
         return Route(m.kind, entry, "/jobs" + (f"?{forwarded}" if forwarded else ""))

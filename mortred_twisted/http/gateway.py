@@ -81,6 +81,7 @@ from mortred_twisted.http.protocols.openai_images import (
     public_base,
     public_image_urls,
 )
+from mortred_twisted.http.protocols.replicate import public_prediction_urls
 from mortred_twisted.http.responder import is_json_content_type
 from mortred_twisted.http11.auth import CLIENT_IP_HEADER, WWW_AUTHENTICATE, host_refusal
 from mortred_twisted.http11.messages import StreamCut
@@ -110,10 +111,13 @@ _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
     RouteKind.OPENAI_IMAGES: b"idempotency-key",
     RouteKind.OIP_INFER: b"inference-header-content-length",  # its binary mode
+    RouteKind.REPLICATE_POST: b"idempotency-key",
     RouteKind.EVENTS: b"last-event-id",
 }
 #: ... and a submit's or sync call's ``Prefer`` (``return=inline``: result files inline).
-_FORWARD_PREFER = frozenset({RouteKind.SUBMIT, RouteKind.INFER, RouteKind.OPENAI_IMAGES})
+_FORWARD_PREFER = frozenset(
+    {RouteKind.SUBMIT, RouteKind.INFER, RouteKind.OPENAI_IMAGES, RouteKind.REPLICATE_POST}
+)
 #: ... and a result file's conditional and range headers.
 _FORWARD_FILE = (b"range", b"if-none-match", b"if-range")
 #: Routes that name their caller to the model (every job route).
@@ -130,17 +134,22 @@ _JOB_ROUTES = frozenset(
         RouteKind.FILE,
         RouteKind.OPENAI_IMAGES,  # a submit through the OpenAI door
         RouteKind.OIP_INFER,  # and through the OIP door
+        RouteKind.REPLICATE_READ,  # and the Replicate door's predictions
+        RouteKind.REPLICATE_POST,
     }
 )
 #: Routes that send the caller's fair-share terms (fair_share.py) with its principal.
 _TERMS_ROUTES = frozenset(
-    {RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES, RouteKind.OIP_INFER}
-)
+    {RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES, RouteKind.OIP_INFER,
+     RouteKind.REPLICATE_POST}
+)  # fmt: skip
+#: The Replicate door's routes (their answers' URLs are made public).
+_REPLICATE = frozenset({RouteKind.REPLICATE_READ, RouteKind.REPLICATE_POST})
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
 #: the only routes that take a body (any other answers one 413 from the head).
 _JSON_BODY = frozenset(
     {RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY, RouteKind.OPENAI_IMAGES,
-     RouteKind.OIP_INFER}
+     RouteKind.OIP_INFER, RouteKind.REPLICATE_POST}
 )  # fmt: skip
 #: Routes that may also take a ``multipart/form-data`` submit (the model port decides:
 #: an SDK model takes it, a built-in family answers 415).
@@ -566,6 +575,9 @@ class GatewayApp:
             else:
                 base = public_base(request.getHeader(b"host"))
                 body = public_image_urls(body, gateway_prefix(route.entry.id), base)
+        elif kind in _REPLICATE and code in (200, 201):  # its URLs, public
+            base = public_base(request.getHeader(b"host"))
+            body = public_prediction_urls(body, route.entry.id, base)
         elif kind is RouteKind.OPENAPI and code == 200:  # the paths a client calls here
             entry = route.entry
             try:

@@ -43,6 +43,7 @@ from mortred_twisted.http.job_routes import JobRoutes
 from mortred_twisted.http.openapi import build_openapi
 from mortred_twisted.http.protocols.oip_routes import OipRoutes
 from mortred_twisted.http.protocols.openai_routes import OpenAIImagesRoutes
+from mortred_twisted.http.protocols.replicate_routes import ReplicateRoutes
 from mortred_twisted.http.request_checks import RequestChecks
 from mortred_twisted.http.responder import Responder, json_bytes
 from mortred_twisted.http11.ratelimit import RateLimiter
@@ -110,6 +111,20 @@ class ModelServerApp:
         self.openai = OpenAIImagesRoutes(jobs)
         add("/v1/images/generations", ("POST",), "openai_images", self.openai.generations)
         add("/v1/models", ("GET",), "openai_models", self.openai.models)
+        self.replicate = ReplicateRoutes(jobs)
+        rep = self.replicate
+        add("/v1/predictions", ("POST",), "replicate_create", rep.create)
+        add("/v1/predictions/<prediction_id>", ("GET",), "replicate_get", rep.get)
+        add("/v1/predictions/<prediction_id>/cancel", ("POST",), "replicate_cancel", rep.cancel)
+        add("/v1/models/<owner>/<model_name>", ("GET",), "replicate_model", rep.model)
+        add(
+            "/v1/models/<owner>/<model_name>/predictions", ("POST",), "replicate_model_create",
+            rep.create_for_model,
+        )  # fmt: skip
+        add(
+            "/v1/models/<owner>/<model_name>/versions/<version>", ("GET",), "replicate_version",
+            rep.version,
+        )  # fmt: skip
         self.oip = OipRoutes(jobs)
         add("/v2/health/live", ("GET",), "oip_live", self.oip.live)
         add("/v2/health/ready", ("GET",), "oip_ready", self.oip.ready)

@@ -289,6 +289,31 @@ def build_openapi(
                 {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
             ]
         paths[path] = {method: operation}
+    replicate = {"type": "object"}
+    for path, method, summary, names in (
+        ("/v1/predictions", "post", "Replicate: create a prediction (Prefer: wait[=n])", ()),
+        ("/v1/predictions/{prediction_id}", "get", "Replicate: a prediction",
+         ("prediction_id",)),
+        ("/v1/predictions/{prediction_id}/cancel", "post", "Replicate: cancel",
+         ("prediction_id",)),
+        ("/v1/models/{owner}/{model_name}", "get", "Replicate: the model (mortred/<id>)",
+         ("owner", "model_name")),
+        ("/v1/models/{owner}/{model_name}/predictions", "post", "Replicate: create for the model",
+         ("owner", "model_name")),
+        ("/v1/models/{owner}/{model_name}/versions/{version}", "get", "Replicate: its one version",
+         ("owner", "model_name", "version")),
+    ):  # fmt: skip
+        paths[path] = {
+            method: {
+                "summary": summary,
+                "security": security,
+                "parameters": [
+                    {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                    for n in names
+                ],
+                "responses": {"200": _json(replicate, "a prediction or model (docs/protocols.md)")},
+            }
+        }
     param_props = {p.name: p.json_schema() for p in params}
     document: dict[str, Any] = {
         "openapi": "3.0.3",

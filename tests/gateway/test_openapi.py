@@ -27,7 +27,11 @@ def model_document() -> dict:
 
 def _fill(template: str) -> str:
     filled = template.replace("{job_id}", "job_known").replace("{name}", "out.png")
-    return filled.replace("{model}", "ASYNC")  # the OIP door: one model per base URL
+    filled = filled.replace("{model}", "ASYNC")  # the OIP door: one model per base URL
+    for name, value in (("{prediction_id}", "job_known"), ("{owner}", "mortred"),
+                        ("{model_name}", "ASYNC"), ("{version}", "ASYNC")):  # fmt: skip
+        filled = filled.replace(name, value)  # the Replicate door
+    return filled
 
 
 def test_the_gateway_serves_the_document_with_the_paths_a_client_calls_there() -> None:

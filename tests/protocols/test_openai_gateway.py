@@ -139,3 +139,31 @@ def test_the_oip_door_through_the_gateway(plane: ControlPlane) -> None:
     assert Image.open(io.BytesIO(picture)).size == (32, 32)
     with pytest.raises(Exception, match="unauthorized"):
         client.get_model_metadata(MODEL)
+
+
+def test_the_replicate_door_through_the_gateway(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replicate client with base_url <gateway>/v1/models/<id>/replicate and an API
+    key: run() answers file URLs at the gateway's file route (downloadable with the
+    key), a prediction's urls are the gateway's, and another key's prediction is 404."""
+    replicate = pytest.importorskip("replicate")
+    import httpx
+
+    monkeypatch.setenv("REPLICATE_POLL_INTERVAL", "0.05")
+    base = f"http://127.0.0.1:{plane.gw_port}/v1/models/{MODEL}/replicate"
+    alice = replicate.Client(api_token="alice-key", base_url=base)
+    output = alice.run(f"mortred/{MODEL}", input={"prompt": "a dot", **FAST})
+    (url,) = output["images"]
+    assert url.startswith(f"http://127.0.0.1:{plane.gw_port}/v1/models/{MODEL}/jobs/job_")
+    got = httpx.get(url, headers={"Authorization": "Bearer alice-key"}, timeout=60)
+    assert Image.open(io.BytesIO(got.content)).size == (32, 32)
+    prediction = alice.models.predictions.create(model=f"mortred/{MODEL}", input={
+        "prompt": "a dot", **FAST})  # fmt: skip
+    assert prediction.urls["get"] == f"{base}/v1/predictions/{prediction.id}"
+    prediction.wait()
+    assert prediction.status == "succeeded"
+    bob = replicate.Client(api_token="bob-key", base_url=base)
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        bob.predictions.get(prediction.id)
+    assert caught.value.status == 404
