@@ -7,9 +7,10 @@ real HTTP server on a ``StringTransport``.
 
 Scenarios, each for the native ``POST /jobs`` and the OpenAI door
 ``POST /v1/images/generations`` with the same inputs (one 1x1 PNG out, inline):
-``submit`` (admission only: the door with ``Prefer: respond-async``) and ``life``
-(a whole job: native submit + ``/wait`` + ``/result``; the door's held request
-answered when the job ends).
+``submit`` (admission only: the OpenAI door with ``Prefer: respond-async``, a
+Replicate create) and ``life`` (a whole job: native submit + ``/wait`` + ``/result``;
+the OpenAI and OIP doors' held request answered when the job ends; a Replicate
+create, the run and one GET of the succeeded prediction).
 """
 
 import cProfile
@@ -81,23 +82,27 @@ def post(path, body, extra=b""):
     ) + body
 
 
-NATIVE = post(
-    b"/jobs",
-    json.dumps(
-        {"params": {"prompt": "a red dot", "num_images": 1, "width": 8, "height": 8}}
-    ).encode(),
-)
+PARAMS = {"prompt": "a red dot", "num_images": 1, "width": 8, "height": 8}
+NATIVE = post(b"/jobs", json.dumps({"params": PARAMS}).encode())
 DOOR_BODY = json.dumps({"model": "PAINT", "prompt": "a red dot", "size": "8x8"}).encode()
 DOOR_ASYNC = post(b"/v1/images/generations", DOOR_BODY, b"Prefer: respond-async\r\n")
 DOOR_HELD = post(b"/v1/images/generations", DOOR_BODY)
+OIP_BODY = json.dumps({"inputs": [
+    {"name": "prompt", "shape": [1], "datatype": "BYTES", "data": ["a red dot"]},
+    {"name": "num_images", "shape": [1], "datatype": "INT64", "data": [1]},
+    {"name": "width", "shape": [1], "datatype": "INT64", "data": [8]},
+    {"name": "height", "shape": [1], "datatype": "INT64", "data": [8]},
+]}).encode()  # fmt: skip
+OIP_HELD = post(b"/v2/models/PAINT/infer", OIP_BODY)
+REPLICATE = post(b"/v1/predictions", json.dumps({"input": PARAMS}).encode())
 
 
-def submits(raw):
+def submits(raw, status=b"HTTP/1.1 202"):
     def go(n):
         proto, t = serve()
         for _ in range(n):
             proto.dataReceived(raw)
-            assert t.value().startswith(b"HTTP/1.1 202"), t.value()[:300]
+            assert t.value().startswith(status), t.value()[:300]
             t.clear()
 
     return go
@@ -128,6 +133,31 @@ def door_lives(n):
         t.clear()
 
 
+def held_lives(raw, marker):
+    def go(n):
+        proto, t = serve()
+        for _ in range(n):
+            proto.dataReceived(raw)
+            settle()
+            assert t.value().startswith(b"HTTP/1.1 200") and marker in t.value(), t.value()
+            t.clear()
+
+    return go
+
+
+def replicate_lives(n):
+    """create (201 at admission), the run, one GET of the succeeded prediction."""
+    proto, t = serve()
+    for _ in range(n):
+        proto.dataReceived(REPLICATE)
+        job = json.loads(t.value().partition(b"\r\n\r\n")[2])["id"].encode()
+        t.clear()
+        settle()
+        proto.dataReceived(b"GET /v1/predictions/%s HTTP/1.1\r\nHost: localhost\r\n\r\n" % job)
+        assert b'"succeeded"' in t.value(), t.value()[-300:]
+        t.clear()
+
+
 def measure(fn, n):
     build()
     fn(20)  # warm
@@ -146,8 +176,11 @@ def measure(fn, n):
 rows = [
     ("submit", "native POST /jobs", submits(NATIVE)),
     ("submit", "openai respond-async", submits(DOOR_ASYNC)),
+    ("submit", "replicate create", submits(REPLICATE, b"HTTP/1.1 201")),
     ("life", "native submit+wait+result", native_lives),
     ("life", "openai held until done", door_lives),
+    ("life", "oip infer (JSON)", held_lives(OIP_HELD, b'"outputs"')),
+    ("life", "replicate create+run+get", replicate_lives),
 ]
 base: dict[str, float] = {}
 for scenario, name, fn in rows:

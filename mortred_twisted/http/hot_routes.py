@@ -22,6 +22,7 @@ Handler = Callable[..., Any]
 #: The Klein route labels the matcher serves (``ModelServerApp``'s ``add`` labels).
 HOT_LABELS = (
     "infer", "jobs_submit", "jobs_status", "jobs_wait", "jobs_result", "openai_images",
+    "replicate_create",
 )  # fmt: skip
 
 
@@ -35,7 +36,8 @@ class HotRoutes:
         self._status = handlers["jobs_status"]
         self._wait = handlers["jobs_wait"]
         self._result = handlers["jobs_result"]
-        self._openai_images = handlers.get("openai_images")  # a front door's submit
+        self._openai_images = handlers.get("openai_images")  # the front doors' submits
+        self._replicate_create = handlers.get("replicate_create")
 
     def serves(self, method: bytes, path: bytes) -> bool:
         """Whether ``method path`` (no query) is a hot route: a head that names one
@@ -56,6 +58,8 @@ class HotRoutes:
                 return self._infer, {}
             if path == b"/v1/images/generations" and self._openai_images is not None:
                 return self._openai_images, {}
+            if path == b"/v1/predictions" and self._replicate_create is not None:
+                return self._replicate_create, {}
             return None
         if method != b"GET" or not path.startswith(b"/jobs/"):
             return None
