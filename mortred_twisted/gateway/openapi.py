@@ -60,7 +60,7 @@ def public_path(path: str, model_id: str, server_uri: str) -> str | None:
         return base + path
     if path == "/queue" or path == "/openapi.json":
         return base + path
-    if path in ("/v1/images/generations", "/v1/models"):  # the OpenAI door
+    if path in ("/v1/images/generations", "/v1/images/edits", "/v1/models"):  # OpenAI door
         return base + "/openai" + path
     if path.startswith(("/v1/predictions", "/v1/models/")):  # the Replicate door
         return base + "/replicate" + path

@@ -74,6 +74,7 @@ class RouteKind(enum.Enum):
     OPENAPI = "openapi"
     OPENAI_IMAGES = "openai_images"  # /v1/models/<id>/openai/v1/images/generations
     OPENAI_MODELS = "openai_models"  # /v1/models/<id>/openai/v1/models
+    OPENAI_EDITS = "openai_edits"  # /v1/models/<id>/openai/v1/images/edits (multipart)
     OIP_READ = "oip_read"  # /v1/models/<id>/oip/v2[/health/*|/models/<m>[/ready]]
     OIP_INFER = "oip_infer"  # /v1/models/<id>/oip/v2/models/<m>/infer
     REPLICATE_READ = "replicate_read"  # /v1/models/<id>/replicate/v1/… GET
@@ -95,6 +96,7 @@ METHOD_KINDS: dict[RouteKind, dict[str, RouteKind]] = {
     RouteKind.OPENAPI: {"GET": RouteKind.OPENAPI},
     RouteKind.OPENAI_IMAGES: {"POST": RouteKind.OPENAI_IMAGES},
     RouteKind.OPENAI_MODELS: {"GET": RouteKind.OPENAI_MODELS},
+    RouteKind.OPENAI_EDITS: {"POST": RouteKind.OPENAI_EDITS},
     RouteKind.OIP_READ: {"GET": RouteKind.OIP_READ},
     RouteKind.OIP_INFER: {"POST": RouteKind.OIP_INFER},
     RouteKind.REPLICATE_READ: {"GET": RouteKind.REPLICATE_READ},
@@ -258,6 +260,8 @@ def match(path: str, catalog: Catalog) -> Match | None:
                 return Match(RouteKind.OPENAI_IMAGES, model_id)
             if rest[2:] == ["models"]:
                 return Match(RouteKind.OPENAI_MODELS, model_id)
+            if rest[2:] == ["images", "edits"]:
+                return Match(RouteKind.OPENAI_EDITS, model_id)
             return None
         if rest[:2] == ["oip", "v2"]:  # the Open Inference Protocol door's base URL
             return _oip_match(model_id, rest[1:])
@@ -375,6 +379,8 @@ def _resolve_path(m: Match, entry: CatalogEntry, query: str) -> Route:
         return Route(m.kind, entry, "/v1/images/generations")
     if m.kind is RouteKind.OPENAI_MODELS:
         return Route(m.kind, entry, "/v1/models")
+    if m.kind is RouteKind.OPENAI_EDITS:
+        return Route(m.kind, entry, "/v1/images/edits")
     if m.kind in (
         RouteKind.OIP_READ, RouteKind.OIP_INFER, RouteKind.REPLICATE_READ,
         RouteKind.REPLICATE_POST,

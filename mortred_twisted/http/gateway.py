@@ -110,14 +110,16 @@ _FORWARD_REQUEST = (b"content-type", b"accept", b"user-agent")
 _FORWARD_BY_KIND = {
     RouteKind.SUBMIT: b"idempotency-key",
     RouteKind.OPENAI_IMAGES: b"idempotency-key",
+    RouteKind.OPENAI_EDITS: b"idempotency-key",
     RouteKind.OIP_INFER: b"inference-header-content-length",  # its binary mode
     RouteKind.REPLICATE_POST: b"idempotency-key",
     RouteKind.EVENTS: b"last-event-id",
 }
 #: ... and a submit's or sync call's ``Prefer`` (``return=inline``: result files inline).
 _FORWARD_PREFER = frozenset(
-    {RouteKind.SUBMIT, RouteKind.INFER, RouteKind.OPENAI_IMAGES, RouteKind.REPLICATE_POST}
-)
+    {RouteKind.SUBMIT, RouteKind.INFER, RouteKind.OPENAI_IMAGES, RouteKind.OPENAI_EDITS,
+     RouteKind.REPLICATE_POST}
+)  # fmt: skip
 #: ... and a result file's conditional and range headers.
 _FORWARD_FILE = (b"range", b"if-none-match", b"if-range")
 #: Routes that name their caller to the model (every job route).
@@ -133,6 +135,7 @@ _JOB_ROUTES = frozenset(
         RouteKind.QUEUE,
         RouteKind.FILE,
         RouteKind.OPENAI_IMAGES,  # a submit through the OpenAI door
+        RouteKind.OPENAI_EDITS,
         RouteKind.OIP_INFER,  # and through the OIP door
         RouteKind.REPLICATE_READ,  # and the Replicate door's predictions
         RouteKind.REPLICATE_POST,
@@ -140,20 +143,22 @@ _JOB_ROUTES = frozenset(
 )
 #: Routes that send the caller's fair-share terms (fair_share.py) with its principal.
 _TERMS_ROUTES = frozenset(
-    {RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES, RouteKind.OIP_INFER,
-     RouteKind.REPLICATE_POST}
+    {RouteKind.SUBMIT, RouteKind.QUEUE, RouteKind.OPENAI_IMAGES, RouteKind.OPENAI_EDITS,
+     RouteKind.OIP_INFER, RouteKind.REPLICATE_POST}
 )  # fmt: skip
+#: The OpenAI door's routes that answer pictures (their URLs are made public).
+_OPENAI_PICTURES = frozenset({RouteKind.OPENAI_IMAGES, RouteKind.OPENAI_EDITS})
 #: The Replicate door's routes (their answers' URLs are made public).
 _REPLICATE = frozenset({RouteKind.REPLICATE_READ, RouteKind.REPLICATE_POST})
 #: Routes whose body must be JSON (415 from the head otherwise, as on the model);
 #: the only routes that take a body (any other answers one 413 from the head).
 _JSON_BODY = frozenset(
     {RouteKind.INFER, RouteKind.SUBMIT, RouteKind.LEGACY, RouteKind.OPENAI_IMAGES,
-     RouteKind.OIP_INFER, RouteKind.REPLICATE_POST}
+     RouteKind.OPENAI_EDITS, RouteKind.OIP_INFER, RouteKind.REPLICATE_POST}
 )  # fmt: skip
 #: Routes that may also take a ``multipart/form-data`` submit (the model port decides:
 #: an SDK model takes it, a built-in family answers 415).
-_FORM_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT})
+_FORM_BODY = frozenset({RouteKind.INFER, RouteKind.SUBMIT, RouteKind.OPENAI_EDITS})
 
 
 def _is_form(content_type: bytes | None) -> bool:
@@ -565,7 +570,7 @@ class GatewayApp:
             body = rewrite_job_urls(body, route.entry.id)
         elif kind is RouteKind.RESULT and code == 200:  # result files' URLs
             body = rewrite_file_urls(body, gateway_prefix(route.entry.id))
-        elif kind is RouteKind.OPENAI_IMAGES and code in (200, 202):  # its URLs, public
+        elif kind in _OPENAI_PICTURES and code in (200, 202):  # its URLs, public
             if code == 202:  # the native job body (Prefer: respond-async)
                 body = rewrite_job_urls(body, route.entry.id)
                 location = response.headers.getRawHeaders(b"location")

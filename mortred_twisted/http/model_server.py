@@ -110,6 +110,7 @@ class ModelServerApp:
         # Front doors onto the same jobs (docs/protocols.md)
         self.openai = OpenAIImagesRoutes(jobs)
         add("/v1/images/generations", ("POST",), "openai_images", self.openai.generations)
+        add("/v1/images/edits", ("POST",), "openai_edits", self.openai.edits)
         add("/v1/models", ("GET",), "openai_models", self.openai.models)
         self.replicate = ReplicateRoutes(jobs)
         rep = self.replicate

@@ -262,6 +262,17 @@ def build_openapi(
             },
         }
     }
+    paths["/v1/images/edits"] = {
+        "post": {
+            "summary": "OpenAI images edits (multipart: image, mask?, prompt, n, size, "
+            "response_format) for image-to-image and inpainting models",
+            "security": security,
+            "responses": {
+                "200": _json({"type": "object"}, '{"created", "data": [...]}'),
+                "400": _json(openai_error, "invalid_request_error naming the param"),
+            },
+        }
+    }
     paths["/v1/models"] = {
         "get": {
             "summary": "OpenAI models list: this port's model",

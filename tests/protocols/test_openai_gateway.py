@@ -167,3 +167,15 @@ def test_the_replicate_door_through_the_gateway(
     with pytest.raises(replicate.exceptions.ReplicateError) as caught:
         bob.predictions.get(prediction.id)
     assert caught.value.status == 404
+
+
+def test_edits_pass_the_gateway_as_multipart(plane: ControlPlane) -> None:
+    """images.edit goes through the gateway (multipart) to the model, whose declaration
+    refuses a picture on a text-to-image model: 400 naming ``image``."""
+    out = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(out, format="PNG")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(plane, "alice-key").images.edit(
+            model=MODEL, image=("a.png", out.getvalue(), "image/png"), prompt="x"
+        )
+    assert caught.value.body["param"] == "image", caught.value.body

@@ -166,3 +166,49 @@ def test_a_client_that_leaves_cancels_its_job(server: RunningServer) -> None:
     # the socket is closed: the server cancels the job
     status, done = server.json("GET", f"/jobs/{job_id}/wait?timeout=120000", headers=auth)
     assert status == 200 and done["state"] == "cancelled", done
+
+
+@pytest.fixture(scope="module")
+def img2img(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The TXT2IMG weights served as image-to-image (the diffusers kind for edits)."""
+    text = CONF.read_text().replace('id = "TXT2IMG"', 'id = "IMG2IMG"')
+    text = text.replace('path = "weights/txt2img"', f'path = "{ROOT / "weights" / "txt2img"}"')
+    text = text.replace('\ntype = "diffusers"\n', '\ntype = "diffusers"\ntask = "image-to-image"\n')
+    conf = tmp_path_factory.mktemp("img2img") / "img2img.toml"
+    conf.write_text(text)
+    with model_server(conf, env={"MORTRED_AUTH_TOKEN": TOKEN}) as srv:
+        yield srv
+
+
+def png_of(size: tuple[int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, (10, 200, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_edit_on_an_image_to_image_model(img2img: RunningServer) -> None:
+    client = openai.OpenAI(base_url=img2img.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    answer = client.images.edit(
+        model="IMG2IMG", image=("start.png", png_of((32, 32)), "image/png"),
+        prompt="a red circle", n=2, size="32x32", response_format="b64_json",
+        extra_body={"sample_steps": 4, "strength": 0.5, "seed": 1},
+    )  # fmt: skip
+    assert len(answer.data) == 2
+    for item in answer.data:
+        assert picture(base64.b64decode(item.b64_json)).size == (32, 32)
+    with pytest.raises(openai.BadRequestError) as caught:  # a picture it cannot read
+        client.images.edit(model="IMG2IMG", image=("x.png", b"not a png", "image/png"),
+                           prompt="x")  # fmt: skip
+    assert caught.value.body["param"] == "image", caught.value.body
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.edit(model="IMG2IMG", image=("a.png", png_of((32, 32)), "image/png"),
+                           prompt="x", extra_body={"quality": "hd"})  # fmt: skip
+    assert caught.value.body["param"] == "quality"
+
+
+def test_edit_on_a_text_to_image_model_is_refused(client: openai.OpenAI) -> None:
+    """TXT2IMG takes no picture: its declaration refuses ``image`` (400 naming it)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.edit(model="TXT2IMG", image=("a.png", png_of((32, 32)), "image/png"),
+                           prompt="x")  # fmt: skip
+    assert caught.value.body["param"] == "image", caught.value.body

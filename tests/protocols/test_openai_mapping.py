@@ -105,7 +105,9 @@ def test_the_gateway_routes_the_door_by_path() -> None:
     models = match("/v1/models/M/openai/v1/models", catalog)
     assert models is not None
     assert resolve(check_method(models, "GET"), catalog).upstream_path == "/v1/models"
-    for path in ("/v1/models/M/openai/v1/images/edits", "/v1/models/M/openai/v2/models",
+    edits = match("/v1/models/M/openai/v1/images/edits", catalog)
+    assert edits is not None and edits.kind is RouteKind.OPENAI_EDITS
+    for path in ("/v1/models/M/openai/v1/images/variations", "/v1/models/M/openai/v2/models",
                  "/v1/models/M/openai", "/v1/models/M/openai/v1/images/generations/x"):  # fmt: skip
         assert match(path, catalog) is None, path
     with pytest.raises(RouteError) as caught:
@@ -132,3 +134,34 @@ def test_public_urls_and_hosts() -> None:
     ]  # fmt: skip
     for raw in (b"not json", b"[1]", b'{"data": 5}', b'{"data": [1, null]}', b"\xff"):
         assert public_image_urls(raw, "/p/", "http://gw") == raw
+
+
+def test_edits_forms_map_and_refuse() -> None:
+    from mortred_twisted.http.protocols.openai_images import parse_edits
+    from mortred_twisted.sdk.validation import Upload
+
+    pic, mask = Upload(b"p", "image/png", "a.png"), Upload(b"m", "image/png", "m.png")
+    ask, text = parse_edits(
+        {"prompt": ["p"], "n": ["2"], "size": ["32x32"], "strength": ["0.5"]},
+        {"image": [pic], "mask": [mask]}, "M",
+    )  # fmt: skip
+    assert text and ask.params == {
+        "prompt": "p", "num_images": 2, "width": 32, "height": 32, "image": pic, "mask": mask,
+        "strength": "0.5",
+    }  # fmt: skip
+    assert parse_edits({"prompt": ["p"]}, {"image[]": [pic]}, "M")[0].params["image"] is pic
+    cases = [
+        ({"prompt": ["p"]}, {}, "image"),
+        ({"prompt": ["p"]}, {"image": [pic, pic]}, "image"),
+        ({"prompt": ["p"]}, {"image": [pic], "mask": [mask, mask]}, "mask"),
+        ({"prompt": ["p"], "n": ["x"]}, {"image": [pic]}, "n"),
+        ({"prompt": ["p"], "n": ["1", "2"]}, {"image": [pic]}, "n"),
+        ({"prompt": ["p"], "style": ["v"]}, {"image": [pic]}, "style"),
+        ({"prompt": ["p"], "width": ["8"]}, {"image": [pic]}, "width"),
+        ({"prompt": ["p"]}, {"image": [pic], "other": [pic]}, "other"),
+        ({}, {"image": [pic]}, "prompt"),
+    ]
+    for fields, files, param in cases:
+        with pytest.raises(OpenAIError) as caught:
+            parse_edits(fields, files, "M")
+        assert caught.value.param == param, (fields, files)

@@ -211,3 +211,52 @@ def public_image_urls(body: bytes, public_prefix: str, base: str) -> bytes:
             item["url"] = base + public_prefix + path[len("/jobs/") :]
             changed = True
     return json.dumps(doc, separators=(",", ":")).encode() if changed else body
+
+
+#: the multipart fields of ``images/edits`` the door maps itself
+_EDIT_FIELDS = ("model", "prompt", "n", "size", "response_format", "user")
+
+
+def parse_edits(fields: Mapping[str, list[str]], files: Mapping[str, list[Any]],
+                model_id: str) -> tuple[ImagesAsk, bool]:  # fmt: skip
+    """A multipart ``images/edits`` (its text ``fields`` and file parts ``files``,
+    :class:`~mortred_twisted.http.multipart.FormSubmit`) as an :class:`ImagesAsk`
+    whose ``image`` and ``mask`` are the uploads; the bool says the params are form
+    text (the declaration converts them). Raises :class:`OpenAIError` naming the param."""
+    doc: dict[str, Any] = {}
+    for name in _EDIT_FIELDS:
+        values = fields.get(name)
+        if values is None:
+            continue
+        if len(values) != 1:
+            raise bad(f"{name}: given {len(values)} times", name)
+        doc[name] = values[0]
+    n = doc.get("n")
+    if n is not None:
+        if not n.isdigit() or len(n) > 6:
+            raise bad("n: must be an integer of at least 1", "n")
+        doc["n"] = int(n)
+    ask = parse_generations(doc, model_id)
+    images = list(files.get("image", ())) + list(files.get("image[]", ()))
+    if len(images) != 1:
+        raise bad(f"image: exactly one picture (got {len(images)})", "image")
+    ask.params["image"] = images[0]
+    masks = files.get("mask", [])
+    if len(masks) > 1:
+        raise bad("mask: at most one", "mask")
+    if masks:
+        ask.params["mask"] = masks[0]
+    for name, values in fields.items():
+        if name in _EDIT_FIELDS:
+            continue
+        if name in UNSUPPORTED:
+            raise bad(f"{name}: not supported by this server", name, "unsupported_parameter")
+        if name in MAPPED or name in ("image", "mask"):
+            raise bad(f"{name}: give it as '{MAPPED.get(name, name)}'", name)
+        if len(values) != 1:
+            raise bad(f"{name}: given {len(values)} times", name)
+        ask.params[name] = values[0]  # the model's own input, as form text
+    for name in files:
+        if name not in ("image", "image[]", "mask"):
+            raise bad(f"{name}: not a file this API takes (image, mask)", name)
+    return ask, True

@@ -21,6 +21,7 @@ from twisted.web.iweb import IRequest
 
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.fair_share import check_priority
+from mortred_twisted.http.multipart import is_multipart, parse_form
 from mortred_twisted.http.protocols.held import hold_until_done
 from mortred_twisted.http.protocols.openai_images import (
     ImagesAsk,
@@ -29,6 +30,7 @@ from mortred_twisted.http.protocols.openai_images import (
     images_answer,
     models_answer,
     param_of,
+    parse_edits,
     parse_generations,
     public_base,
 )
@@ -112,10 +114,41 @@ class OpenAIImagesRoutes:
             request, submission, lambda a: self._admitted(request, submission, ask, a)
         )
 
-    def _submission(self, request: IRequest, head: Any, ask: ImagesAsk, req_id: str) -> Submission:
+    def edits(self, request: IRequest) -> Any:
+        """``POST /v1/images/edits`` (multipart: ``image``, ``mask``?, ``prompt``, …)
+        for a model that takes a picture (the image-to-image and inpainting kinds;
+        another answers a 400 on ``image``, from its declaration)."""
+        jobs = self.jobs
+        head = self.responder.head(request)
+        req_id = self.responder.request_id(request, head)
+        try:
+            err = jobs.jobs_disabled() or self.checks.post_prechecks(request, head)
+            if err is not None:
+                raise openai_error(err)
+            ctype = head.content_type
+            if ctype is None or not is_multipart(ctype.decode("latin-1")):
+                raise OpenAIError(415, "content type must be multipart/form-data")
+            form = parse_form(request.content.read(), ctype.decode("latin-1"))
+            ask, text = parse_edits(form.fields, form.files, self.config.id)
+            submission = self._submission(request, head, ask, req_id, text)
+        except OpenAIError as exc:
+            return self.error(request, exc, req_id)
+        except BadIdempotencyKey as exc:
+            return self.error(request, bad(str(exc), code="invalid_idempotency_key"), req_id)
+        except ApiError as exc:
+            return self.error(request, openai_error(exc), req_id)
+        return jobs.admit(
+            request, submission, lambda a: self._admitted(request, submission, ask, a)
+        )
+
+    def _submission(
+        self, request: IRequest, head: Any, ask: ImagesAsk, req_id: str, text: bool = False
+    ) -> Submission:
         jobs = self.jobs
         key = check_key(head.idempotency_key)
-        parsed = InferenceRequest(req_id=req_id, images=(), params=dict(ask.params))
+        parsed = InferenceRequest(
+            req_id=req_id, images=(), params=dict(ask.params), text_params=text
+        )
         valid = self.checks.validate(parsed)
         inline = ask.response_format == "b64_json"
         if inline:
