@@ -225,7 +225,11 @@ class RequestChecks:
         is_job_route = route_path == "/jobs" or route_path.startswith("/jobs/")
         rid_raw = headers.getRawHeaders(b"x-request-id", [b""])[0]
         req_id = rid_raw.decode("utf-8", "replace")[:256] or new_request_id()
-        if route_path.startswith("/v1/"):  # the OpenAI door: its error object
+        if route_path.startswith(("/v1/predictions", "/v1/models/")):  # Replicate's shape
+            from mortred_twisted.http.protocols.replicate_routes import replicate_error
+
+            body = json_bytes(replicate_error(err).body())
+        elif route_path.startswith("/v1/"):  # the OpenAI door: its error object
             from mortred_twisted.http.protocols.openai_routes import openai_error
 
             body = json_bytes(openai_error(err).body())

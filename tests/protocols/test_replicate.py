@@ -109,3 +109,12 @@ def test_errors(client: replicate.Client, server: RunningServer) -> None:
         {**auth, "Prefer": "wait=abc"},
     )  # fmt: skip
     assert got == 400
+
+
+def test_refusals_from_the_head_keep_replicates_shape(server: RunningServer) -> None:
+    """A body refused before it is read (401 here) still answers {title, detail, status}."""
+    status, _h, raw = server.request(
+        "POST", "/v1/predictions", b'{"input": {}}', {"Content-Type": "application/json"}
+    )
+    doc = json.loads(raw)
+    assert status == 401 and doc["status"] == 401 and "bearer" in doc["detail"]
