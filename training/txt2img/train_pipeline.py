@@ -1,12 +1,16 @@
 """Train the text-to-image pipeline in two stages and save it in diffusers' SD layout.
 
     .venv/bin/python -m training.txt2img.train_pipeline autoencoder [--max-minutes 12]
+    .venv/bin/python -m training.txt2img.train_pipeline decoder [--max-minutes 11]
     .venv/bin/python -m training.txt2img.train_pipeline unet [--max-minutes 60]
 
 ``autoencoder``: an ``AutoencoderKL`` (32x32x3 -> 8x8x4) on MSE + ``--kl-weight`` x KL,
 saved with its latent ``scaling_factor`` to ``<out>/vae`` together with the tokenizer
 (``<out>/tokenizer``, BPE trained here on the caption words); ``--resume`` continues
 from the saved one (the manifest keeps both runs' records and one replay command).
+``decoder``: fine-tunes ``<out>/vae``'s decoder only (encoder, latent space and
+scaling factor unchanged, so a trained UNet stays valid) on MSE + 0.5 x L1; issue 39
+found the shape lost in the decoder (strict judge, ``autoencoder_ceiling``).
 ``unet``: loads both, encodes the training pictures once (latent means, scaled), then
 trains a
 ``CLIPTextModel`` and a ``UNet2DConditionModel`` together on the epsilon loss, the
@@ -43,7 +47,7 @@ from training.txt2img import common
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("stage", choices=("autoencoder", "unet"))
+    parser.add_argument("stage", choices=("autoencoder", "decoder", "unet"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--train-images", type=int, default=20000)
@@ -159,6 +163,64 @@ def train_autoencoder(args: argparse.Namespace) -> None:
             return
 
 
+def train_decoder(args: argparse.Namespace) -> None:
+    """Fine-tune ``<out>/vae``'s decoder only: the encoder, its latents and the UNet stay valid.
+
+    Latents are the frozen encoder's posterior samples of the training pictures (encoded
+    once); the loss is MSE + 0.5 x L1 of the decoded picture (L1 keeps edges and corners
+    sharp). The scaling factor is kept (the latent space does not change).
+    """
+    from diffusers import AutoencoderKL
+
+    x, _, _ = common.split_tensors("train", args.train_images)
+    ae = AutoencoderKL.from_pretrained(args.out / "vae", local_files_only=True)
+    ae.requires_grad_(False)
+    params = [*ae.decoder.parameters(), *ae.post_quant_conv.parameters()]
+    for param in params:
+        param.requires_grad_(True)
+    with torch.no_grad():
+        posts = [ae.encode(b).latent_dist for b in x.split(256)]
+        mean = torch.cat([q.mean for q in posts])
+        std = torch.cat([q.std for q in posts])
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    budget = Budget(args, args.steps, args.max_minutes)
+    curve: list[tuple[int, float]] = []
+    window: list[float] = []
+    done = 0
+    ae.train()
+    while True:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(done, budget.total, args.lr)
+        idx = torch.randint(0, len(x), (args.batch,), generator=gen)
+        z = mean[idx] + std[idx] * torch.randn(mean[idx].shape, generator=gen)
+        rec = ae.decode(z).sample
+        loss = torch.mean((rec - x[idx]) ** 2) + 0.5 * torch.mean((rec - x[idx]).abs())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        done += 1
+        window.append(float(loss.detach()))
+        stop = budget.after_step(done)
+        if done % args.log_every == 0 or stop:
+            curve.append((done, sum(window) / len(window)))
+            window.clear()
+            print(f"decoder step {done:6d}  loss {curve[-1][1]:.6f}  {budget.elapsed():7.1f}s")
+        if stop:
+            break
+    ae.eval()
+    record = training_record(args, budget, done, curve)
+    x_eval, _, _ = common.split_tensors("eval", 1000)
+    record["figures"] = {"reconstruction_eval_split": recon_error(ae, x_eval)}
+    print("decoder:", record["figures"], flush=True)
+    ae.save_pretrained(args.out / "vae", safe_serialization=True)
+    training = json.loads((args.out / MANIFEST_NAME).read_text()).get("training", {})
+    training["decoder"] = record
+    write_manifest(args.out, {"training": training})
+    print(f"saved {args.out / 'vae'}", flush=True)
+
+
 def save_autoencoder(args, ae: nn.Module, tokenizer: Any, x: torch.Tensor, record) -> None:
     ae.eval()
     scale = round(float(1.0 / encode_means(ae, x[:4096]).std()), 6)
@@ -272,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     common.setup(args.seed, args.threads)
     if args.stage == "autoencoder":
         train_autoencoder(args)
+    elif args.stage == "decoder":
+        train_decoder(args)
     else:
         train_unet(args)
 
