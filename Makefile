@@ -146,6 +146,7 @@ train-txt2img: install
 	$(PY) -m training.txt2img.train_pipeline autoencoder --seed 1 --threads 2 --train-images 20000 --batch 64 --lr 0.001 --steps 30000 --stop-after 83 --max-minutes 0 --resume
 	$(PY) -m training.txt2img.train_pipeline autoencoder --seed 2 --threads 2 --train-images 20000 --batch 64 --lr 0.0003 --steps 30000 --stop-after 73 --max-minutes 0 --resume
 	$(PY) -m training.txt2img.train_pipeline unet --seed 0 --threads 1 --train-images 20000 --batch 64 --lr 0.001 --steps 5156 --stop-after 5156 --max-minutes 0
+	$(PY) -m training.txt2img.train_pipeline decoder --seed 0 --threads 1 --train-images 20000 --batch 64 --lr 0.0005 --steps 1279 --stop-after 1279 --max-minutes 0
 
 eval-txt2img: install
 	$(PY) -m training.txt2img.eval_txt2img --threads 1 --write-manifest --served --grid docs/img/txt2img_grid.png
