@@ -22,6 +22,7 @@ from twisted.web.iweb import IRequest
 from mortred_twisted import __version__
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.fair_share import check_priority
+from mortred_twisted.http.protocols.door import Door
 from mortred_twisted.http.protocols.held import hold_until_done
 from mortred_twisted.http.protocols.oip import (
     InferAsk,
@@ -52,15 +53,8 @@ def oip_error(err: ApiError) -> OipError:
     return OipError(err.message, 400 if err.http_status == 422 else err.http_status)
 
 
-class OipRoutes:
+class OipRoutes(Door):
     """The OIP door of one model server (see the module docstring)."""
-
-    def __init__(self, jobs: Any) -> None:
-        self.jobs = jobs
-        self.runtime = jobs.runtime
-        self.config = jobs.config
-        self.responder = jobs.responder
-        self.checks = jobs.checks
 
     def _json(self, request: IRequest, status: int, doc: Any) -> bytes:
         return self.responder.respond(request, status, json_bytes(doc))

@@ -22,6 +22,7 @@ from twisted.web.iweb import IRequest
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.fair_share import check_priority
 from mortred_twisted.http.multipart import is_multipart, parse_form
+from mortred_twisted.http.protocols.door import Door, read_json_body
 from mortred_twisted.http.protocols.held import hold_until_done
 from mortred_twisted.http.protocols.openai_images import (
     ImagesAsk,
@@ -35,7 +36,7 @@ from mortred_twisted.http.protocols.openai_images import (
     public_base,
 )
 from mortred_twisted.http.protocols.submission import Answer, Submission
-from mortred_twisted.http.responder import is_json_content_type, json_bytes
+from mortred_twisted.http.responder import json_bytes
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, submission_fingerprint
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.types import Admission, ResultLookup
@@ -62,16 +63,12 @@ def openai_error(err: ApiError) -> OpenAIError:
     return OpenAIError(status, err.message, kind=kind, code=code, headers=err.headers)
 
 
-class OpenAIImagesRoutes:
+class OpenAIImagesRoutes(Door):
     """The OpenAI door of one model server (see the module docstring); composed of
     the server's :class:`~mortred_twisted.http.job_routes.JobRoutes`."""
 
     def __init__(self, jobs: Any) -> None:
-        self.jobs = jobs
-        self.runtime = jobs.runtime
-        self.config = jobs.config
-        self.responder = jobs.responder
-        self.checks = jobs.checks
+        super().__init__(jobs)
         self.created = int(self.runtime.clock.seconds())
 
     def error(self, request: IRequest, err: OpenAIError, req_id: str | None = None) -> bytes:
@@ -96,12 +93,7 @@ class OpenAIImagesRoutes:
             err = jobs.jobs_disabled() or self.checks.post_prechecks(request, head)
             if err is not None:
                 raise openai_error(err)
-            if not is_json_content_type(head.content_type):
-                raise OpenAIError(415, "content type must be application/json")
-            try:
-                doc = json.loads(request.content.read())
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise bad(f"the body is not JSON: {exc}") from None
+            doc = read_json_body(request, head.content_type, OpenAIError)
             ask = parse_generations(doc, self.config.id)
             submission = self._submission(request, head, ask, req_id)
         except OpenAIError as exc:

@@ -22,6 +22,7 @@ from twisted.web.iweb import IRequest
 
 from mortred_twisted.http.errors import ApiError
 from mortred_twisted.http.fair_share import check_priority
+from mortred_twisted.http.protocols.door import Door, read_json_body
 from mortred_twisted.http.protocols.openai_images import public_base
 from mortred_twisted.http.protocols.replicate import (
     ReplicateError,
@@ -33,7 +34,7 @@ from mortred_twisted.http.protocols.replicate import (
     version_object,
 )
 from mortred_twisted.http.protocols.submission import Answer, Submission
-from mortred_twisted.http.responder import is_json_content_type, json_bytes
+from mortred_twisted.http.responder import json_bytes
 from mortred_twisted.jobs.idempotency import BadIdempotencyKey, check_key, submission_fingerprint
 from mortred_twisted.jobs.store import then
 from mortred_twisted.jobs.types import Admission, JobSnapshot
@@ -49,15 +50,11 @@ def replicate_error(err: ApiError) -> ReplicateError:
     return ReplicateError(err.http_status, err.message, "Error")
 
 
-class ReplicateRoutes:
+class ReplicateRoutes(Door):
     """The Replicate door of one model server (see the module docstring)."""
 
     def __init__(self, jobs: Any) -> None:
-        self.jobs = jobs
-        self.runtime = jobs.runtime
-        self.config = jobs.config
-        self.responder = jobs.responder
-        self.checks = jobs.checks
+        super().__init__(jobs)
         self.started = time.time()
 
     def error(self, request: IRequest, err: ReplicateError, headers: Any = None) -> bytes:
@@ -110,12 +107,7 @@ class ReplicateRoutes:
             err = jobs.jobs_disabled() or self.checks.post_prechecks(request, head)
             if err is not None:
                 raise replicate_error(err)
-            if not is_json_content_type(head.content_type):
-                raise ReplicateError(415, "content type must be application/json")
-            try:
-                doc = json.loads(request.content.read())
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ReplicateError(400, f"the body is not JSON: {exc}") from None
+            doc = read_json_body(request, head.content_type, ReplicateError)
             inputs, fields = parse_create(doc, self.config.id)
             wait_s = parse_wait(head.prefer)
             submission = self._submission(request, head, inputs, fields)
