@@ -60,6 +60,7 @@ from twisted.logger import Logger
 
 from mortred_twisted.jobs.states import JobState
 from mortred_twisted.jobs.store import Maybe, settle
+from mortred_twisted.pids import pid_alive
 
 log = Logger()
 
@@ -354,16 +355,6 @@ def _host_tag() -> str:
     return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive
-    return True
-
-
 def reclaim_private_roots(parent: str) -> list[str]:
     """Remove the private roots in ``parent`` whose process is gone: made on this
     host, by this user, by a pid that no longer runs. A root of a live process (a
@@ -384,7 +375,7 @@ def reclaim_private_roots(parent: str) -> list[str]:
                 continue
         except OSError:
             continue
-        if not _alive(int(m.group(2))):
+        if not pid_alive(int(m.group(2))):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     if removed:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from twisted.internet import defer
@@ -27,27 +26,13 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from mortred_twisted.pids import pid_alive
 from mortred_twisted.supervisor.ports import Holder, describe_holders, listeners, port_free
 
 log = Logger()
 
 #: How often a stopping leftover is looked at.
 POLL_S = 0.05
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def classify(
@@ -86,7 +71,7 @@ async def _stop_one(holder: Holder, clock: IReactorTime, grace: float) -> None:
     except ProcessLookupError:
         return
     waited = 0.0
-    while alive(holder.pid):
+    while pid_alive(holder.pid):
         if waited >= grace:
             log.warn("leftover {pid} still alive after {g} s: SIGKILL", pid=holder.pid, g=grace)
             try:

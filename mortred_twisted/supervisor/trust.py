@@ -47,6 +47,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mortred_twisted.http11.upstream import UpstreamUnavailable
+from mortred_twisted.pids import pid_alive
 
 log = Logger()
 
@@ -211,16 +212,6 @@ class _PidWatch:
             self.fd = -1
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RemoteChildren:
     """The gateway's view, read from the supervisor (see the module docstring)."""
 
@@ -276,7 +267,7 @@ class RemoteChildren:
         if known is None:  # not a child; unless nothing could be read: then fail closed
             return None if self._failure is None or self._known else Verdict(False, self._failure)
         unwatched = known.trusted and known.watch is None and known.pid is not None
-        if unwatched and not _pid_alive(known.pid):  # no pidfd: ask the kernel each time
+        if unwatched and not pid_alive(known.pid):  # no pidfd: ask the kernel each time
             known.trusted, known.reason = False, "exited"
         return TRUSTED if known.trusted else Verdict(False, known.reason)
 
