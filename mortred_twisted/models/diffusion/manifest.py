@@ -14,11 +14,12 @@ torch, no diffusers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from mortred_twisted.models.weights import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 2
@@ -26,15 +27,6 @@ MANIFEST_FORMAT = 2
 
 class ManifestError(ValueError):
     """A pipeline directory's files do not match its manifest (the message says which)."""
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of ``path``'s bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def pipeline_files(directory: Path) -> list[str]:
